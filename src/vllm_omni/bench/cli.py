@@ -1,0 +1,40 @@
+"""The ``vllm-omni-bench`` console script."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from vllm_omni.bench.common import BenchError
+from vllm_omni.results.schema import ArtifactError
+
+# Subcommand modules under vllm_omni.bench; each defines register(subparsers).
+SUBCOMMAND_MODULES = (
+    "env",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vllm-omni-bench",
+        description="Benchmarks and generators that write result artifacts (see docs/reference/cli.md).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(f"vllm_omni.bench.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (BenchError, ArtifactError) as exc:
+        print(f"vllm-omni-bench {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Pieces every benchmark subcommand shares: common flags, timing, writing the artifact."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from vllm_omni.results import provenance, store
+from vllm_omni.results.schema import validate
+
+class BenchError(ValueError):
+    """Bad input or an impossible run: reported as one line, exit status 2."""
+
+
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
+IMPLS = ("reference", "fused")
+
+
+def add_output(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--output", type=Path, default=None,
+        help=f"results folder to write into (default: ${store.RESULTS_DIR_ENV} or <repo>/results)",
+    )
+
+
+def add_common(parser: argparse.ArgumentParser, *, weights: bool = True, impl: bool = True) -> None:
+    """--threads, --weights, --impl, --quick, --seed and --output, with the project's defaults."""
+    parser.add_argument("--threads", type=int, default=None, help="torch/OpenMP threads (default: all usable cores)")
+    if weights:
+        parser.add_argument("--weights", choices=WEIGHT_FORMATS, default="fp32", help="weight format")
+    if impl:
+        parser.add_argument("--impl", choices=IMPLS, default="fused", help="eager reference or fused kernel")
+    parser.add_argument("--quick", action="store_true", help="few repetitions: for doctests, not for figures")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
+    add_output(parser)
+
+
+def resolve_threads(threads: int | None) -> int:
+    return threads or provenance.usable_cpus()
+
+
+def time_calls(fn: Callable[[], Any], *, repeats: int, warmup: int = 1, progress: str | None = None) -> list[float]:
+    """Wall times in ms of ``repeats`` calls after ``warmup`` calls (progress bar on a TTY)."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in progress_iter(range(repeats), progress):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return samples
+
+
+def median(samples: Iterable[float]) -> float:
+    return statistics.median(list(samples))
+
+
+def progress_iter(iterable, desc: str | None):
+    """tqdm when it is installed and stderr is a terminal; the plain iterable otherwise."""
+    if desc is None or not sys.stderr.isatty():
+        return iterable
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, desc=desc, leave=False)
+
+
+def write_measured(
+    args: argparse.Namespace,
+    *,
+    artifact_id: str,
+    title: str,
+    columns: list[dict[str, Any]],
+    rows: list[list[Any]],
+    model: str | None,
+    weights: str | None,
+    quantization: str | None,
+    threads: int | str | None,
+    source: str,
+    notes: str | None = None,
+    builds: dict[str, str | None] | None = None,
+    run: dict[str, Any] | None = None,
+    compare: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+    argv: list[str] | None = None,
+) -> Path:
+    """Build a measured artifact with captured provenance, validate it, write it, print its path."""
+    data: dict[str, Any] = {
+        "schema": 1,
+        "id": artifact_id,
+        "title": title,
+        "origin": "measured",
+        "provenance": provenance.capture(
+            source=source, model=model, weights=weights, quantization=quantization, threads=threads,
+            argv=argv, builds=builds, run=run,
+        ),
+        "columns": columns,
+        "rows": rows,
+    }
+    for key, value in (("notes", notes), ("compare", compare), ("extra", extra)):
+        if value is not None:
+            data[key] = value
+    validate(data)
+    path = store.write(data, getattr(args, "output", None))
+    print(f"wrote {path}")
+    return path

