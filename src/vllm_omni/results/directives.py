@@ -26,6 +26,11 @@ FOREIGN = ("skip", "clear-namespace", "invisible-code-block", "sybil", "codebloc
 TABLE_OPTIONS = ("columns",)
 VALUE_OPTIONS = ("row", "col", "fmt", "unit")
 _FENCE_RE = re.compile(r"^\s*(`{3,}|~{3,})")
+_CODE_SPAN_RE = re.compile(r"(`+)(.+?)\1")
+
+
+def _in_code_span(line: str, pos: int) -> bool:
+    return any(m.start() <= pos < m.end() for m in _CODE_SPAN_RE.finditer(line))
 
 
 class DirectiveError(ValueError):
@@ -90,7 +95,7 @@ def find(markdown: str, where: str) -> list[Directive]:
     lines = markdown.split("\n")
     for i, line in outside_code(lines):
         for m in DIRECTIVE_RE.finditer(line):
-            if m.group(1) in FOREIGN:
+            if m.group(1) in FOREIGN or _in_code_span(line, m.start()):
                 continue
             d = parse(m.group(1), m.group(2), f"{where}:{i + 1}")
             d.text = m.group(0)
@@ -110,7 +115,7 @@ def substitute(markdown: str, where: str, render: Callable[[Directive, bool, str
         location = f"{where}:{i + 1}"
 
         def repl(m: re.Match) -> str:
-            if m.group(1) in FOREIGN:
+            if m.group(1) in FOREIGN or _in_code_span(line, m.start()):
                 return m.group(0)
             d = parse(m.group(1), m.group(2), location)
             own_line = line.strip() == m.group(0)

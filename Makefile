@@ -1,0 +1,37 @@
+# Two entry points, both doing their own set-up on a fresh machine (Python 3.11, pip, make):
+#   make serve   build .venv with what the site needs, serve it on 127.0.0.1:8000
+#   make test    build .venv with everything the tests need, run pytest, then a strict build
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+SERVE_ADDR ?= 127.0.0.1:8000
+
+.PHONY: serve test build clean
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# The site needs only the docs extra: no torch, no vLLM, no engines.
+$(VENV)/.docs-installed: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e '.[docs]'
+	touch $@
+
+# torch first, by exact version, so pip takes the local CPU wheel rather than a CUDA build.
+$(VENV)/.test-installed: pyproject.toml | $(PY)
+	$(PIP) install --quiet 'torch==2.13.0'
+	$(PIP) install --quiet -e '.[docs,test,cpu]'
+	touch $(VENV)/.docs-installed $@
+
+serve: $(VENV)/.docs-installed
+	$(VENV)/bin/mkdocs serve --dev-addr $(SERVE_ADDR)
+
+test: $(VENV)/.test-installed
+	$(VENV)/bin/pytest
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+build: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+clean:
+	rm -rf site .pytest_cache

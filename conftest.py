@@ -1,0 +1,114 @@
+"""Every code block in docs/ and snippets/ is a test (Sybil), with hardware flags.
+
+- Python blocks (plain or ``>>>``) run in-process, one namespace per page.
+- ``bash`` blocks run through ``bash -euo pipefail`` from the repo root, with the venv's
+  ``bin`` on PATH and ``VLLM_OMNI_RESULTS_DIR`` pointing at a temporary folder, so a
+  benchmark run from a page never overwrites a committed artifact.
+- ``--8<--`` includes are expanded with pymdownx's own preprocessor, exactly as the site does.
+- ``<!-- skip: next if(not HAS_CUDA, reason="...") -->`` skips the next block; the flags
+  (HAS_CUDA, HAS_MPS, HAS_AVX2, HAS_AVX512, HAS_AMX, HAS_TORCH, HAS_VLLM, HAS_CXX) are in the
+  namespace. Ordinary tests use the mirroring pytest markers (gpu, mps, avx512, amx, vllm).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import markdown
+import pytest
+from sybil import Document, Sybil
+from sybil.parsers.markdown import ClearNamespaceParser, CodeBlockParser, PythonCodeBlockParser, SkipParser
+from sybil.parsers.rest import DocTestParser
+
+from vllm_omni.capabilities import MARKERS, flags
+
+ROOT = Path(__file__).resolve().parent
+SNIPPETS = ROOT / "snippets"
+_RESULTS_TMP = tempfile.mkdtemp(prefix="vllm-omni-doc-results-")
+
+
+def expand_snippets(text: str) -> str:
+    """Run pymdownx.snippets over ``text`` with the site's settings (base_path, check_paths)."""
+    md = markdown.Markdown(
+        extensions=["pymdownx.snippets"],
+        extension_configs={"pymdownx.snippets": {"base_path": [str(SNIPPETS)], "check_paths": True}},
+    )
+    return "\n".join(md.preprocessors["snippet"].run(text.split("\n")))
+
+
+class SnippetExpandingDocument(Document):
+    """A Markdown page as the site renders it: includes expanded before parsing."""
+
+    @classmethod
+    def parse(cls, path: str, *parsers, encoding: str = "utf-8") -> Document:
+        text = expand_snippets(Path(path).read_text(encoding=encoding))
+        document = cls(text, path)
+        for parser in parsers:
+            for region in parser(document):
+                document.add(region)
+        return document
+
+
+def doc_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["VLLM_OMNI_RESULTS_DIR"] = _RESULTS_TMP
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def evaluate_bash(example) -> str | None:
+    proc = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", example.parsed],
+        cwd=ROOT, env=doc_env(), capture_output=True, text=True, timeout=600,
+    )
+    if proc.returncode != 0:
+        return f"bash exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    return None
+
+
+def setup_namespace(namespace: dict) -> None:
+    namespace.update(flags())
+    namespace["RESULTS_TMP"] = _RESULTS_TMP
+    os.environ["VLLM_OMNI_RESULTS_DIR"] = _RESULTS_TMP
+
+
+def teardown_namespace(namespace: dict) -> None:
+    os.environ.pop("VLLM_OMNI_RESULTS_DIR", None)
+
+
+_PARSERS = [
+    PythonCodeBlockParser(),
+    CodeBlockParser(language="bash", evaluator=evaluate_bash),
+    SkipParser(),
+    ClearNamespaceParser(),
+]
+
+_docs = Sybil(
+    parsers=_PARSERS,
+    path="docs",
+    patterns=["*.md"],  # matched from the right: covers docs/*.md and every depth below
+    document_types={".md": SnippetExpandingDocument},
+    setup=setup_namespace,
+    teardown=teardown_namespace,
+    name="docs",
+)
+# Docstring examples in snippet files; tests/test_snippets.py also runs each file whole.
+_snippets = Sybil(
+    parsers=[DocTestParser()], path="snippets", patterns=["*.py"], setup=setup_namespace,
+    teardown=teardown_namespace, name="snippets",
+)
+pytest_collect_file = (_docs + _snippets).pytest()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip tests whose hardware marker this machine lacks, with the flag as the reason."""
+    have = flags()
+    for item in items:
+        for marker, flag in MARKERS.items():
+            if item.get_closest_marker(marker) and not have[flag]:
+                item.add_marker(pytest.mark.skip(reason=f"needs {flag} ({marker})"))

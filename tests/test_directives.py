@@ -1,0 +1,77 @@
+"""The page directives: substitution, fail-loud typos, code blocks left alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vllm_omni.results import load_file, site
+from vllm_omni.results.directives import DirectiveError, find, substitute
+
+GOOD = load_file(Path(__file__).parent / "fixtures" / "good" / "good.json")
+ARTS = {GOOD.id: GOOD}
+
+
+def render(markdown: str, page: str = "edge/cpu-path.md") -> str:
+    return substitute(markdown, page, lambda d, _own, where: site.render_directive(ARTS, d, page, where))
+
+
+def test_table_directive_renders_table_and_caption():
+    out = render("Intro\n\n<!-- table: fixture/good -->\n")
+    assert "| component | ms (ms) |" in out
+    assert "[`fixture/good`](../artifacts/fixture/good.md)" in out
+
+
+def test_column_selection():
+    out = render('<!-- table: fixture/good columns="ms" -->')
+    assert "| ms (ms) |" in out and "component" not in out.split("*")[0]
+
+
+def test_value_directive_quotes_one_figure_with_link():
+    out = render('The loop takes <!-- value: fixture/good row="predictor" col=ms --> per frame.')
+    assert out == 'The loop takes [97.1 ms](../artifacts/fixture/good.md "fixture/good") per frame.'
+
+
+def test_value_format_and_unit_options():
+    out = render('<!-- value: fixture/good row="#1" col=ms fmt=".0f" unit=no -->')
+    assert out.startswith("[25](")
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("<!-- tabel: fixture/good -->", "unknown directive"),
+        ("<!-- table: nope/missing -->", "no artifact 'nope/missing'"),
+        ("<!-- table: fixture/good cols=ms -->", "option 'cols=ms'"),
+        ("<!-- value: fixture/good row=predictor -->", "needs col="),
+        ('<!-- value: fixture/good row="sampler" col=ms -->', "no row whose"),
+        ('<!-- value: fixture/good row="predictor" col=us -->', "no column 'us'"),
+        ("text <!-- table: fixture/good --> inline", "must be on a line of its own"),
+    ],
+)
+def test_bad_directives_raise_with_location(text, message):
+    with pytest.raises(DirectiveError, match=message) as info:
+        render("line one\n" + text)
+    assert str(info.value).startswith("edge/cpu-path.md:2")
+
+
+def test_code_is_left_alone():
+    text = "```markdown\n<!-- table: nope/missing -->\n```\nand `<!-- tabel: x -->` inline\n"
+    assert render(text) == text
+    assert find(text, "x.md") == []
+
+
+def test_sybil_directives_pass_through():
+    text = '<!-- skip: next if(not HAS_CUDA, reason="needs a CUDA GPU") -->'
+    assert render(text) == text
+
+
+def test_artifact_page_lists_provenance_and_citers():
+    page = site.artifact_page(GOOD, [("edge/cpu-path.md", "Why the CPU path is slow")])
+    assert page.startswith("# A valid artifact")
+    assert "[raw JSON](../../results/fixture/good.json)" in page
+    assert "| source | fixture |" in page
+    assert "- [Why the CPU path is slow](../../edge/cpu-path.md)" in page
+    assert "transcribed" in page and "no command to rerun" in page

@@ -1,0 +1,112 @@
+"""Malformed artifacts fail loudly, naming the file and the field."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vllm_omni.results import ArtifactError, load_all, load_file, markdown_table, to_frame, validate, write
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+# fixture name -> the field the error must name
+BAD = {
+    "missing-provenance": "provenance",
+    "missing-provenance-host": "provenance.host",
+    "wrong-type-title": "title",
+    "wrong-type-memory": "provenance.host.memory_gib",
+    "unknown-origin": "origin",
+    "row-length": "rows[2]",
+    "non-number": "rows[2][1] (ms)",
+    "bad-date": "provenance.date",
+    "unknown-field": "comment",
+    "measured-without-command": "provenance.command",
+    "bad-column-type": "columns[1].type",
+    "invalid-json": "(json)",
+}
+
+
+@pytest.mark.parametrize("name,field", sorted(BAD.items()))
+def test_bad_artifact_names_file_and_field(name, field):
+    path = FIXTURES / "bad" / f"{name}.json"
+    with pytest.raises(ArtifactError) as info:
+        load_file(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: {field}:"), message
+    assert info.value.field == field
+
+
+def test_every_bad_fixture_is_covered():
+    assert {p.stem for p in (FIXTURES / "bad").glob("*.json")} == set(BAD)
+
+
+def test_good_fixture_loads_and_renders():
+    art = load_file(FIXTURES / "good" / "good.json")
+    assert art.value("predictor", "ms") == 97.1
+    table = markdown_table(art)
+    assert table.splitlines()[0] == "| component | ms (ms) |"
+    assert "| predictor | 97.1 |" in table
+    df = to_frame(art)
+    assert list(df["ms"]) == [97.1, 25.4]
+    assert df.attrs["units"] == {"component": None, "ms": "ms"}
+
+
+def test_duplicate_id_is_refused(tmp_path):
+    good = json.loads((FIXTURES / "good" / "good.json").read_text())
+    good["id"] = "area/one"
+    root = tmp_path / "results"
+    write(good, root)
+    # Same id in a file at another place: the id check against the path catches it first.
+    (root / "area" / "two.json").write_text(json.dumps(good))
+    with pytest.raises(ArtifactError, match=r"two\.json: id: 'area/one' does not match"):
+        load_all(root)
+
+
+def test_duplicate_id_outside_results_tree(tmp_path):
+    good = json.loads((FIXTURES / "good" / "good.json").read_text())
+    for name in ("a.json", "b.json"):
+        (tmp_path / name).write_text(json.dumps(good))
+    with pytest.raises(ArtifactError, match="duplicate id 'fixture/good'"):
+        load_all(tmp_path)
+
+
+def test_write_refuses_invalid(tmp_path):
+    good = json.loads((FIXTURES / "good" / "good.json").read_text())
+    good["rows"][0][1] = "fast"
+    with pytest.raises(ArtifactError, match=r"rows\[0\]\[1\]"):
+        write(good, tmp_path / "results")
+    assert not list(tmp_path.rglob("*.json"))
+
+
+def test_unknown_id_lists_known(tmp_path):
+    from vllm_omni.results import load
+
+    with pytest.raises(ArtifactError, match="no artifact 'nope/nothing'"):
+        load("nope/nothing", root=tmp_path)
+
+
+def test_committed_artifacts_are_valid():
+    arts = load_all()
+    assert arts, "results/ holds no artifacts"
+    for art in arts.values():
+        validate(art.raw, art.path)
+
+
+def test_hook_aborts_build_on_malformed_artifact(tmp_path):
+    """A broken file anywhere under results/ stops the build, naming it."""
+    pytest.importorskip("mkdocs")
+    from mkdocs.exceptions import PluginError
+
+    from vllm_omni.results import mkdocs_hook
+
+    (tmp_path / "results" / "x").mkdir(parents=True)
+    shutil.copy(FIXTURES / "bad" / "non-number.json", tmp_path / "results" / "x" / "broken.json")
+
+    class Config:
+        config_file_path = str(tmp_path / "mkdocs.yml")
+
+    with pytest.raises(PluginError, match=r"results/x/broken\.json: id|results/x/broken\.json: rows"):
+        mkdocs_hook.on_config(Config())

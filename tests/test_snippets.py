@@ -1,0 +1,44 @@
+"""Every file in snippets/ runs on its own, whether or not a page includes it.
+
+A first-line comment ``# requires: HAS_CUDA`` (any flag of vllm_omni.capabilities) skips a
+file on machines without that capability, with the flag as the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_omni.capabilities import flags
+
+ROOT = Path(__file__).resolve().parents[1]
+SNIPPETS = sorted(p for p in (ROOT / "snippets").iterdir() if p.suffix in (".py", ".sh"))
+REQUIRES_RE = re.compile(r"^#\s*requires:\s*(.+)$", re.M)
+
+
+def requirements(path: Path) -> list[str]:
+    head = "\n".join(path.read_text().splitlines()[:3])
+    return [f.strip() for m in REQUIRES_RE.finditer(head) for f in m.group(1).split(",")]
+
+
+def test_there_are_snippets():
+    assert SNIPPETS
+
+
+@pytest.mark.parametrize("path", SNIPPETS, ids=lambda p: p.name)
+def test_snippet_runs(path: Path, tmp_path):
+    have = flags()
+    for flag in requirements(path):
+        if flag not in have:
+            pytest.fail(f"{path.name}: unknown requirement {flag!r}; known: {', '.join(have)}")
+        if not have[flag]:
+            pytest.skip(f"needs {flag}")
+    env = dict(os.environ, VLLM_OMNI_RESULTS_DIR=str(tmp_path), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    cmd = [sys.executable, str(path)] if path.suffix == ".py" else ["bash", "-euo", "pipefail", str(path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{path.name} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
