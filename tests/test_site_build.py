@@ -1,0 +1,60 @@
+"""The hook inside a real (tiny) MkDocs build: tables appear, mistakes abort the build."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mkdocs")
+
+ROOT = Path(__file__).resolve().parents[1]
+HOOK = ROOT / "src" / "vllm_omni" / "results" / "mkdocs_hook.py"
+GOOD = ROOT / "tests" / "fixtures" / "good" / "good.json"
+
+
+def make_site(tmp_path: Path, page: str, artifact: Path = GOOD) -> Path:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "index.md").write_text(page)
+    (tmp_path / "results" / "fixture").mkdir(parents=True)
+    shutil.copy(artifact, tmp_path / "results" / "fixture" / "good.json")
+    (tmp_path / "mkdocs.yml").write_text(
+        f"site_name: t\nstrict: true\nhooks:\n  - {HOOK}\nnav:\n  - index.md\n  - artifacts/index.md\n"
+        "validation:\n  omitted_files: warn\n  absolute_links: warn\n  unrecognized_links: warn\n  anchors: warn\n"
+    )
+    return tmp_path
+
+
+def build(site: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(site / "mkdocs.yml")],
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_table_and_artifact_page_are_built(tmp_path):
+    site = make_site(tmp_path, "# Home\n\n<!-- table: fixture/good -->\n")
+    proc = build(site)
+    assert proc.returncode == 0, proc.stderr
+    html = (site / "site" / "index.html").read_text()
+    assert ">predictor</td>" in html
+    artifact_page = (site / "site" / "artifacts" / "fixture" / "good" / "index.html").read_text()
+    assert "Cited by" in artifact_page and "raw JSON" in artifact_page
+    assert (site / "site" / "results" / "fixture" / "good.json").is_file()
+
+
+def test_unknown_id_fails_and_names_the_page(tmp_path):
+    site = make_site(tmp_path, "# Home\n\n<!-- table: fixture/missing -->\n")
+    proc = build(site)
+    assert proc.returncode != 0
+    assert "docs/index.md" in proc.stderr and "fixture/missing" in proc.stderr
+
+
+def test_malformed_artifact_fails_and_names_the_file(tmp_path):
+    site = make_site(tmp_path, "# Home\n", artifact=ROOT / "tests" / "fixtures" / "bad" / "non-number.json")
+    proc = build(site)
+    assert proc.returncode != 0
+    assert "results/fixture/good.json: rows[2][1] (ms)" in proc.stderr
