@@ -1,0 +1,114 @@
+"""``vllm-omni-bench frame``: whole frames (talker step, sampler, 15 predictor passes,
+bookkeeping), split the way the study splits a CPU frame, with the real-time factor."""
+
+from __future__ import annotations
+
+import argparse
+
+from vllm_omni.bench.common import add_common, resolve_threads, write_measured
+from vllm_omni.bench.talker import (
+    add_model_args,
+    bandwidth_floor,
+    build_predictor,
+    build_talker,
+    id_suffix,
+    ratio,
+    set_threads,
+    talker_bytes,
+    talker_layers,
+)
+from vllm_omni.models import get_model
+from vllm_omni.models.counts import predictor_pass_bytes, projection_bytes
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("frame", help="time whole frames: talker, sampler, predictor, bookkeeping; RTF")
+    add_common(p)
+    add_model_args(p)
+    p.add_argument("--cache", type=int, default=None, help="talker KV length before the first frame (default 256; --quick 8)")
+    p.add_argument("--frames", type=int, default=None, help="timed frames (default 20; --quick 2)")
+    p.add_argument("--sampler", choices=("eager", "fast"), default=None,
+                   help="talker sampler (default: eager with --impl reference, fast with --impl fused)")
+    p.add_argument("--greedy-residuals", action="store_true", help="argmax for c1..c15 instead of sampling")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from vllm_omni.cpu.frame import FrameLoop, StepStats, sync_enabled
+    from vllm_omni.cpu.sampler import SamplerConfig, make_sampler
+
+    spec = get_model(args.model)
+    threads = resolve_threads(args.threads)
+    set_threads(threads)
+    cache = args.cache if args.cache is not None else (8 if args.quick else 256)
+    frames = args.frames or (2 if args.quick else 20)
+    kind = args.sampler or ("eager" if args.impl == "reference" else "fast")
+    layers = talker_layers(args)
+
+    talker, tw = build_talker(args, threads)
+    predictor = build_predictor(args, threads)
+    sampler = make_sampler(kind, SamplerConfig.for_model(spec), seed=args.seed)
+    talker.prefill(cache, seed=args.seed)
+    loop = FrameLoop(talker, predictor, sampler, tw.codec_embedding, predictor_greedy=args.greedy_residuals,
+                     seed=args.seed, eos_id=spec.eos_id)
+    loop.run(1, stop_at_eos=False)  # warm-up frame
+    result = loop.run(frames, stop_at_eos=False)
+    m = StepStats.median(result.stats)
+    total = m.total_ms
+
+    nbytes = (talker_bytes(args.model, args.weights, layers)
+              + spec.residual_codebooks * (predictor_pass_bytes(spec, args.weights) + projection_bytes(spec, args.weights)))
+    floor, gbps = bandwidth_floor(nbytes, threads, args.quick)
+
+    def row(name: str, ms: float, floor_ms: float | None = None) -> list:
+        return [name, round(ms, 3), round(100 * ms / total, 1), round(100 * ms / spec.frame_ms, 1),
+                None if floor_ms is None else round(floor_ms, 3), ratio(ms, floor_ms)]
+
+    rows = [
+        row("talker step", m.talker_ms),
+        row("code predictor (15 passes)", m.predictor_ms),
+        row("sampler", m.sampler_ms),
+        row("bookkeeping", m.bookkeeping_ms),
+        row("total", total, floor),
+    ]
+    suffix = id_suffix(args)
+    write_measured(
+        args,
+        artifact_id=f"cpu-path/frame-{args.impl}-{args.weights}-t{threads}{suffix}",
+        title=f"Where one frame goes on the CPU ({args.model}, {args.impl}, {args.weights}, {threads} threads)",
+        columns=[
+            {"name": "component", "unit": None, "type": "text"},
+            {"name": "median", "unit": "ms", "type": "number", "format": ".2f"},
+            {"name": "share of frame", "unit": "%", "type": "number", "format": ".1f"},
+            {"name": "share of 80 ms", "unit": "%", "type": "number", "format": ".1f"},
+            {"name": "bandwidth floor", "unit": "ms", "type": "number", "format": ".2f"},
+            {"name": "measured / floor", "unit": None, "type": "number", "format": ".2f"},
+        ],
+        rows=rows,
+        model=spec.name,
+        weights=f"random, seed {args.seed}, published shapes",
+        quantization=args.weights,
+        threads=threads,
+        source=f"vllm-omni-bench frame ({args.impl})",
+        run={
+            "rtf": round(total / spec.frame_ms, 3),
+            "sampler_share": round(m.sampler_ms / total, 4),
+            "frames": len(result.stats),
+            "talker_layers": layers,
+            "talker_kv_first": cache + 2,
+            "talker_kv_last": cache + 1 + len(result.stats),
+            "sampler": kind,
+            "greedy_residuals": args.greedy_residuals,
+            "read_bandwidth_gbps": gbps,
+            "step_stats_sync": sync_enabled(),
+            "torch_threads": torch.get_num_threads(),
+        },
+        notes=("Random weights of the published shapes: speed does not depend on weight values. Medians over "
+               "frames, per component; the total is the sum of the medians. RTF = total / 80 ms. The talker's "
+               f"KV cache starts at {cache} positions and grows by one per frame; the text term is a fixed "
+               "random vector per frame." + (" Quick mode: shallow talker, two frames, for doctests only, not a figure."
+                                              if args.quick else "")),
+    )
+    return 0

@@ -1,0 +1,159 @@
+"""``vllm-omni-bench talker``: one talker step (28 layers + codec head) at a given KV length.
+
+Also holds the pieces the ``frame`` benchmark shares: building a talker or predictor for an
+``--impl``/``--weights`` pair, and the bandwidth floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+from vllm_omni.bench.common import BenchError, add_common, median, resolve_threads, time_calls, write_measured
+from vllm_omni.models import get_model
+from vllm_omni.models.counts import layer_bytes, talker_frame_bytes
+
+QUICK_LAYERS = 2  # --quick runs a shallow stack so doctests take seconds; never a figure
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", choices=("0.6B", "1.7B"), default="0.6B", help="model size (random weights)")
+    p.add_argument("--layers", type=int, default=None,
+                   help=f"talker layers to build (default: all 28; --quick: {QUICK_LAYERS})")
+
+
+def talker_layers(args: argparse.Namespace) -> int:
+    spec = get_model(args.model)
+    n = args.layers or (QUICK_LAYERS if args.quick else spec.talker.layers)
+    if not 0 < n <= spec.talker.layers:
+        raise BenchError(f"--layers must be in 1..{spec.talker.layers}, got {n}")
+    return n
+
+
+def set_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _fused(module: str, cls: str) -> Any:
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except (ImportError, AttributeError) as exc:
+        raise BenchError(f"--impl fused needs {module}.{cls}, which is not available here ({exc})") from None
+
+
+def build_talker(args: argparse.Namespace, threads: int) -> tuple[Any, Any]:
+    """(talker, its TalkerWeights) for ``args.impl`` and ``args.weights``."""
+    from vllm_omni.cpu.weights import random_talker_weights
+
+    w = random_talker_weights(get_model(args.model), seed=args.seed, layers=talker_layers(args))
+    if args.impl == "fused":
+        cls = _fused("vllm_omni.cpu.fused_talker", "FusedTalker")
+        try:
+            return cls(w, fmt=args.weights, threads=threads), w
+        except (ValueError, NotImplementedError, RuntimeError, OSError) as exc:
+            raise BenchError(f"FusedTalker cannot run --weights {args.weights}: {exc}") from None
+    from vllm_omni.cpu.reference import ReferenceTalker
+
+    return ReferenceTalker(w, fmt=args.weights), w
+
+
+def build_predictor(args: argparse.Namespace, threads: int) -> Any:
+    from vllm_omni.cpu.weights import random_predictor_weights
+
+    w = random_predictor_weights(get_model(args.model), seed=args.seed)
+    if args.impl == "fused":
+        cls = _fused("vllm_omni.cpu.predictor", "FusedPredictor")
+        try:
+            return cls(w, fmt=args.weights, threads=threads)
+        except (ValueError, NotImplementedError, RuntimeError, OSError) as exc:
+            raise BenchError(f"FusedPredictor cannot run --weights {args.weights}: {exc}") from None
+    from vllm_omni.cpu.reference import ReferencePredictor
+
+    return ReferencePredictor(w, fmt=args.weights)
+
+
+def id_suffix(args: argparse.Namespace) -> str:
+    """Artifact-id tail: the model when it is not 0.6B, and ``-quick`` for quick runs."""
+    model = "" if args.model == "0.6B" else f"-{args.model.lower()}"
+    return model + ("-quick" if args.quick else "")
+
+
+def talker_bytes(model: str, fmt: str, layers: int) -> int:
+    """Weight bytes one talker step reads, for a possibly shallow stack."""
+    spec = get_model(model)
+    return talker_frame_bytes(spec, fmt) - (spec.talker.layers - layers) * layer_bytes(spec.talker, fmt)
+
+
+# --- coupling to vllm_omni.cpu.bandwidth (optional; columns stay null without it) ---------------
+
+def bandwidth_floor(nbytes: int, threads: int, quick: bool) -> tuple[float | None, float | None]:
+    """(floor ms to read ``nbytes`` once, measured read GB/s), or (None, None) if unavailable."""
+    try:
+        from vllm_omni.cpu.bandwidth import measure_read_bandwidth
+    except ImportError:
+        return None, None
+    gbps = float(measure_read_bandwidth(threads, quick))
+    return nbytes / (gbps * 1e9) * 1e3, gbps
+
+
+def ratio(measured: float, floor: float | None) -> float | None:
+    return None if floor is None else round(measured / floor, 3)
+
+
+# -------------------------------------------------------------------------------------------------
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("talker", help="time one talker step (28 layers + codec head) at a KV length")
+    add_common(p)
+    add_model_args(p)
+    p.add_argument("--cache", type=int, default=None, help="KV length before the timed steps (default 256; --quick 16)")
+    p.add_argument("--repeats", type=int, default=None, help="timed steps (default 20; --quick 3)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    threads = resolve_threads(args.threads)
+    set_threads(threads)
+    cache = args.cache if args.cache is not None else (16 if args.quick else 256)
+    repeats = args.repeats or (3 if args.quick else 20)
+    layers = talker_layers(args)
+    talker, w = build_talker(args, threads)
+    talker.prefill(cache, seed=args.seed)
+    x = w.codec_embedding[2149].clone()
+    samples = time_calls(lambda: talker.step(x), repeats=repeats, warmup=1, progress="talker")
+    kv_first, kv_last = cache + 2, cache + 1 + repeats  # keys attended by the first/last timed step
+    med = median(samples)
+    floor, gbps = bandwidth_floor(talker_bytes(args.model, args.weights, layers), threads, args.quick)
+    suffix = id_suffix(args)
+    write_measured(
+        args,
+        artifact_id=f"cpu-path/talker-{args.impl}-{args.weights}-t{threads}{suffix}",
+        title=f"One talker step on the CPU ({args.model}, {args.impl}, {args.weights}, {threads} threads)",
+        columns=[
+            {"name": "layers", "unit": None, "type": "number"},
+            {"name": "kv length (first timed step)", "unit": "positions", "type": "number"},
+            {"name": "kv length (last timed step)", "unit": "positions", "type": "number"},
+            {"name": "repeats", "unit": None, "type": "number"},
+            {"name": "median", "unit": "ms", "type": "number", "format": ".2f"},
+            {"name": "min", "unit": "ms", "type": "number", "format": ".2f"},
+            {"name": "bandwidth floor", "unit": "ms", "type": "number", "format": ".2f"},
+            {"name": "measured / floor", "unit": None, "type": "number", "format": ".2f"},
+        ],
+        rows=[[layers, kv_first, kv_last, repeats, round(med, 3), round(min(samples), 3),
+               None if floor is None else round(floor, 3), ratio(med, floor)]],
+        model=get_model(args.model).name,
+        weights=f"random, seed {args.seed}, published shapes",
+        quantization=args.weights,
+        threads=threads,
+        source=f"vllm-omni-bench talker ({args.impl})",
+        run={"read_bandwidth_gbps": gbps, "torch_threads": torch.get_num_threads()},
+        notes=("Random weights of the published shapes: speed does not depend on weight values. "
+               "Each timed step appends to the KV cache, so the KV length grows by one per step."
+               + (" Quick mode: shallow stack and few repeats, for doctests only, not a figure." if args.quick else "")),
+    )
+    return 0

@@ -1,0 +1,176 @@
+"""Sampling for the talker (codebook 0) and the 15 residual codebooks.
+
+Why two talker samplers: a generic sampler makes several passes over the full 3072-entry
+vocabulary (penalty, masks, temperature, top-k, top-p, softmax), which the study measured as a
+visible share of a CPU frame; the fast one does the same arithmetic on a preallocated buffer
+and only 50 candidates. Both draw the same noise from the same seeded generator and choose
+by Gumbel-max on identical float values, so they pick identical ids.
+
+Talker defaults (reference ``generate``): temperature 0.9, top-k 50, top-p 1.0, repetition
+penalty 1.05 over the previously generated codec ids (HF semantics: logit / penalty if > 0,
+else logit * penalty), ids 2048..3071 suppressed except EOS 2150, and EOS also suppressed for
+the first ``min_new_tokens`` = 2 steps.
+
+The random draw per talker step is ``q ~ Exp(1)`` over the whole vocabulary; the choice is
+``argmax(logit / T - log q)`` over the surviving ids, which is a draw from
+``softmax(logit / T)`` restricted to them (Gumbel-max; ``-log q`` is Gumbel noise).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from vllm_omni.models.spec import ModelSpec
+
+NEG_INF = float("-inf")
+
+
+# --- residual codebooks (inside the predictor loop) --------------------------------------------
+
+def draw_uniforms(generator: torch.Generator, groups: int = 15, size: int = 2048) -> Tensor:
+    """The uniforms of one predictor frame, [groups, size], from ``generator``."""
+    return torch.rand(groups, size, generator=generator)
+
+
+def residual_choice(logits: Tensor, *, greedy: bool, temperature: float = 0.9, top_k: int = 50,
+                    uniforms: Tensor | None = None) -> int:
+    """One residual code: argmax, or Gumbel-max over the top-k of ``logits / temperature``.
+
+    The Gumbel noise is ``-log(-log(u))`` with ``u = uniforms[id]`` indexed by vocabulary id,
+    so the choice does not depend on how ties inside top-k are ordered.
+    """
+    if greedy:
+        return int(torch.argmax(logits))
+    vals, idx = torch.topk(logits / temperature, top_k)
+    g = -torch.log(-torch.log(uniforms[idx]))
+    return int(idx[torch.argmax(vals + g)])
+
+
+# --- talker (codebook 0) -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """The talker's sampling settings; defaults are the reference ``generate`` defaults."""
+
+    temperature: float = 0.9
+    top_k: int = 50
+    top_p: float = 1.0
+    repetition_penalty: float = 1.05
+    min_new_tokens: int = 2
+    vocab: int = 3072
+    codebook_size: int = 2048
+    eos_id: int = 2150
+
+    @classmethod
+    def for_model(cls, spec: ModelSpec, **kw) -> "SamplerConfig":
+        return cls(vocab=spec.codec_vocab, codebook_size=spec.codebook_size, eos_id=spec.eos_id, **kw)
+
+    def suppressed_ids(self) -> Tensor:
+        """Ids 2048..3071 except EOS: never sampled as codebook 0."""
+        ids = torch.arange(self.codebook_size, self.vocab)
+        return ids[ids != self.eos_id]
+
+
+class _TalkerSampler:
+    """Seeded state shared by both talker samplers: generator, history, step count."""
+
+    def __init__(self, config: SamplerConfig | None = None, seed: int = 0):
+        self.config = config or SamplerConfig()
+        self._suppressed = self.config.suppressed_ids()
+        self.reset(seed)
+
+    def reset(self, seed: int | None = None) -> None:
+        if seed is not None:
+            self.seed = seed
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self.history: list[int] = []
+        self._seen = torch.zeros(self.config.vocab, dtype=torch.bool)
+        self._seen_ids = torch.empty(0, dtype=torch.int64)
+
+    def draw(self) -> Tensor:
+        """The step's noise: Exp(1) over the whole vocabulary (same draw in both samplers)."""
+        return torch.empty(self.config.vocab).exponential_(generator=self.generator)
+
+    def _record(self, token: int) -> int:
+        self.history.append(token)
+        if not self._seen[token]:
+            self._seen[token] = True
+            self._seen_ids = torch.cat([self._seen_ids, torch.tensor([token])])
+        return token
+
+    def sample(self, logits: Tensor) -> int:
+        raise NotImplementedError
+
+
+class EagerSampler(_TalkerSampler):
+    """A generic sampler: each processor is its own pass over the full vocabulary."""
+
+    def sample(self, logits: Tensor) -> int:
+        cfg = self.config
+        q = self.draw()
+        scores = logits.float().clone()
+        if self.history:  # repetition penalty (HF RepetitionPenaltyLogitsProcessor)
+            ids = torch.tensor(self.history, dtype=torch.int64)
+            s = torch.gather(scores, 0, ids)
+            s = torch.where(s < 0, s * cfg.repetition_penalty, s / cfg.repetition_penalty)
+            scores = scores.scatter(0, ids, s)
+        mask = torch.zeros(cfg.vocab, dtype=torch.bool)
+        mask[cfg.codebook_size:] = True
+        mask[cfg.eos_id] = len(self.history) < cfg.min_new_tokens
+        scores = scores.masked_fill(mask, NEG_INF)
+        scores = scores / cfg.temperature
+        if cfg.top_k > 0:  # HF TopKLogitsWarper: drop everything below the k-th value
+            kth = torch.topk(scores, min(cfg.top_k, cfg.vocab)).values[-1]
+            scores = scores.masked_fill(scores < kth, NEG_INF)
+        # top-p (a no-op at 1.0, but a generic sampler still sorts and normalises)
+        sorted_scores, order = torch.sort(scores, descending=False)
+        cum = torch.softmax(sorted_scores, -1).cumsum(-1)
+        drop_sorted = cum <= (1 - cfg.top_p)
+        drop_sorted[-1] = False
+        scores = scores.masked_fill(drop_sorted.scatter(0, order, drop_sorted), NEG_INF)
+        return self._record(int(torch.argmax(scores - torch.log(q))))
+
+
+class FastSampler(_TalkerSampler):
+    """One pass: masks and penalty by index ops on a preallocated buffer, then top-k only."""
+
+    def __init__(self, config: SamplerConfig | None = None, seed: int = 0):
+        super().__init__(config, seed)
+        self._buf = torch.empty(self.config.vocab)
+
+    def sample(self, logits: Tensor) -> int:
+        cfg, buf = self.config, self._buf
+        q = self.draw()
+        buf.copy_(logits)
+        ids = self._seen_ids
+        if ids.numel():
+            s = buf[ids]
+            buf[ids] = torch.where(s < 0, s * cfg.repetition_penalty, s / cfg.repetition_penalty)
+        buf.index_fill_(0, self._suppressed, NEG_INF)
+        if len(self.history) < cfg.min_new_tokens:
+            buf[cfg.eos_id] = NEG_INF
+        vals, idx = torch.topk(buf, cfg.top_k)
+        vals = vals / cfg.temperature
+        if cfg.top_p < 1.0:
+            vals = _top_p_sorted(vals, cfg.top_p)
+        return self._record(int(idx[torch.argmax(vals - torch.log(q[idx]))]))
+
+
+def _top_p_sorted(vals: Tensor, top_p: float) -> Tensor:
+    """Nucleus filter on descending ``vals``: keep the smallest prefix with mass >= top_p."""
+    probs = torch.softmax(vals, -1)
+    before = probs.cumsum(-1) - probs  # mass strictly above each rank
+    return vals.masked_fill(before >= top_p, NEG_INF)
+
+
+SAMPLERS = {"eager": EagerSampler, "fast": FastSampler}
+
+
+def make_sampler(kind: str = "fast", config: SamplerConfig | None = None, seed: int = 0) -> _TalkerSampler:
+    try:
+        return SAMPLERS[kind](config, seed)
+    except KeyError:
+        raise ValueError(f"unknown sampler {kind!r}; valid: {', '.join(SAMPLERS)}") from None

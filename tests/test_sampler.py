@@ -1,0 +1,113 @@
+"""Talker samplers (eager and fast pick the same ids) and residual-code sampling."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from vllm_omni.cpu import sampler as sm  # noqa: E402
+
+
+def _logits(g, scale=3.0):
+    return torch.randn(3072, generator=g) * scale
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_eager_and_fast_choose_identical_ids(seed):
+    g = torch.Generator().manual_seed(1000 + seed)
+    eager, fast = sm.EagerSampler(seed=seed), sm.FastSampler(seed=seed)
+    for _ in range(8):
+        logits = _logits(g)
+        # bias a few ids upward so the repetition penalty has repeats to act on
+        logits[:4] += 6.0
+        assert eager.sample(logits) == fast.sample(logits)
+    assert eager.history == fast.history
+
+
+def test_identical_with_top_p_below_one():
+    cfg = sm.SamplerConfig(top_p=0.8)
+    g = torch.Generator().manual_seed(0)
+    eager, fast = sm.EagerSampler(cfg, seed=1), sm.FastSampler(cfg, seed=1)
+    for _ in range(20):
+        logits = _logits(g)
+        assert eager.sample(logits) == fast.sample(logits)
+
+
+@pytest.mark.parametrize("kind", ["eager", "fast"])
+def test_codebook0_mask_and_min_new_tokens(kind):
+    s = sm.make_sampler(kind, seed=0)
+    logits = torch.full((3072,), -5.0)
+    logits[2150] = 50.0  # EOS dominates ...
+    logits[2500] = 60.0  # ... and a suppressed special id dominates even more
+    first = [s.sample(logits) for _ in range(2)]
+    assert all(t < 2048 for t in first)  # EOS masked for min_new_tokens = 2 steps
+    assert s.sample(logits) == 2150  # then allowed; 2500 never
+    assert all(t != 2500 for t in s.history)
+
+
+@pytest.mark.parametrize("kind", ["eager", "fast"])
+def test_top_k_only_samples_among_top_50(kind):
+    s = sm.make_sampler(kind, sm.SamplerConfig(repetition_penalty=1.0), seed=2)
+    logits = torch.linspace(0, 1, 3072)[torch.randperm(3072, generator=torch.Generator().manual_seed(0))]
+    logits[2048:] = -100
+    top = set(torch.topk(logits, 50).indices.tolist())
+    assert all(s.sample(logits) in top for _ in range(100))
+    assert len(set(s.history)) > 10  # flat logits: it really samples
+
+
+def test_repetition_penalty_hf_semantics():
+    """Penalty divides positive and multiplies negative logits of already generated ids."""
+    cfg = sm.SamplerConfig(temperature=1.0, top_k=2, repetition_penalty=2.0, min_new_tokens=0)
+    for kind in ("eager", "fast"):
+        s = sm.make_sampler(kind, cfg, seed=0)
+        s._record(7), s._record(9)  # as if 7 and 9 had been generated
+        logits = torch.full((3072,), -1000.0)
+        logits[7], logits[9], logits[11], logits[12] = 30.0, -0.5, 16.0, -0.9
+        # after the penalty: 7 -> 15 (< 16), 9 -> -1.0 (< -0.9): the top 2 are {11, 7}
+        picks = {s.sample(logits.clone()) for _ in range(50)}
+        assert picks <= {11, 7}, kind
+
+
+def test_same_seed_same_stream_and_reset():
+    s = sm.FastSampler(seed=5)
+    g = torch.Generator().manual_seed(9)
+    logits = [_logits(g) for _ in range(5)]
+    a = [s.sample(x) for x in logits]
+    s.reset()
+    assert [s.sample(x) for x in logits] == a
+    s.reset(seed=6)
+    assert [s.sample(x) for x in logits] != a
+
+
+def test_make_sampler_rejects_unknown():
+    with pytest.raises(ValueError, match="unknown sampler"):
+        sm.make_sampler("nope")
+
+
+def test_residual_choice_greedy_and_gumbel():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2048, generator=g)
+    assert sm.residual_choice(logits, greedy=True) == int(logits.argmax())
+    u = sm.draw_uniforms(torch.Generator().manual_seed(1))
+    assert u.shape == (15, 2048) and 0 <= float(u.min()) and float(u.max()) < 1
+    c = sm.residual_choice(logits, greedy=False, uniforms=u[0])
+    top = torch.topk(logits / 0.9, 50)
+    gumbel = -torch.log(-torch.log(u[0]))
+    want = int(top.indices[torch.argmax(top.values + gumbel[top.indices])])
+    assert c == want and c in set(top.indices.tolist())
+    # near-uniform noise on a sharply peaked distribution still picks the peak
+    peaked = torch.zeros(2048)
+    peaked[17] = 100.0
+    assert sm.residual_choice(peaked, greedy=False, uniforms=u[3]) == 17
+
+
+def test_sampler_benchmark_quick_writes_artifact(tmp_path):
+    import json
+
+    from vllm_omni.bench.cli import main
+
+    assert main(["sampler", "--quick", "--threads", "1", "--repeats", "3", "--output", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "cpu-path" / "sampler-t1-quick.json").read_text())
+    assert data["origin"] == "measured" and len(data["rows"]) == 3
+    assert "peak_rss_mib" in data["provenance"]["run"]
