@@ -12,6 +12,15 @@ from vllm_omni.results.schema import ArtifactError
 # Subcommand modules under vllm_omni.bench; each defines register(subparsers).
 SUBCOMMAND_MODULES = (
     "env",
+    "project",
+    "gpu-matmul",
+    "quality",
+    "talker",
+    "sampler",
+    "frame",
+    "bandwidth",
+    "predictor",
+    "vllm-two-engines",
 )
 
 
@@ -22,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
-        importlib.import_module(f"vllm_omni.bench.{name}").register(sub)
+        importlib.import_module(f"vllm_omni.bench.{name.replace('-', '_')}").register(sub)
     return parser
 
 

@@ -1,0 +1,51 @@
+"""``vllm-omni-bench bandwidth``: this host's read bandwidth per thread count (the floor's denominator)."""
+
+from __future__ import annotations
+
+import argparse
+
+from vllm_omni.bench.common import BenchError, add_output, resolve_threads, write_measured
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bandwidth", help="read bandwidth at 1..N threads (native and torch probes)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="highest thread count to probe (default: all usable cores); 1..N are measured")
+    p.add_argument("--quick", action="store_true", help="256 MiB buffer, fewer sweeps: for doctests, not for figures")
+    p.add_argument("--name", default=None, help="artifact name under results/cpu-path/ (default: read-bandwidth)")
+    add_output(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vllm_omni.cpu.bandwidth import read_bandwidth_probes
+
+    top = resolve_threads(args.threads)
+    if top < 1:
+        raise BenchError(f"--threads must be >= 1, got {top}")
+    rows = []
+    for t in range(1, top + 1):
+        r = read_bandwidth_probes(t, quick=args.quick)
+        rows.append([t, round(r["native"], 2), round(r["torch"], 2), round(r["best"], 2)])
+        print(f"threads {t}: native {r['native']:.1f} GB/s, torch sum {r['torch']:.1f} GB/s")
+    name = args.name or "read-bandwidth"
+    write_measured(
+        args,
+        artifact_id=f"cpu-path/{name}{'-quick' if args.quick else ''}",
+        title="Read bandwidth of this host by thread count",
+        columns=[
+            {"name": "threads", "unit": None, "type": "number"},
+            {"name": "native probe", "unit": "GB/s", "type": "number", "format": ".1f"},
+            {"name": "torch sum", "unit": "GB/s", "type": "number", "format": ".1f"},
+            {"name": "best", "unit": "GB/s", "type": "number", "format": ".1f"},
+        ],
+        rows=rows,
+        model=None, weights=None, quantization=None, threads=top,
+        source="vllm-omni-bench bandwidth",
+        notes=("Best of several sweeps over a "
+               + ("256 MiB" if args.quick else "1 GiB")
+               + " buffer; GB/s = 1e9 B/s. 'best' is the floor's denominator: the larger of a native "
+               "OpenMP wide-load read probe and torch's read-only sum at the same thread count. "
+               "A second busy process on a shared machine lowers these figures."),
+    )
+    return 0

@@ -1,0 +1,65 @@
+"""Read bandwidth this host sustains at a given thread count: the bandwidth floor's denominator.
+
+Two probes, the larger wins (a floor some engine beats would be a wrong floor):
+
+- native: OpenMP threads each stream their own slice of a >= 1 GiB buffer with the widest
+  vector loads the CPU has (``vo_read_bandwidth`` in ``csrc/vo_kernels.cpp``), pages first
+  touched by their reader, best of several sweeps after a warm-up sweep;
+- torch: a read-only ``sum`` over a float32 buffer of the same size with ``threads`` intra-op
+  threads, best of several runs.
+
+GB/s are 1e9 bytes per second. ``quick`` uses a 256 MiB buffer (still 8x the largest L3 of
+this machine kind) and fewer sweeps: for tests and doc examples, not for figures.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from vllm_omni.cpu import native
+
+GIB = 1 << 30
+
+
+def _sizes(quick: bool) -> tuple[int, int]:
+    return (256 << 20, 3) if quick else (GIB, 7)
+
+
+def native_read_bandwidth(threads: int, quick: bool = False) -> float:
+    nbytes, reps = _sizes(quick)
+    gbs = native.load().vo_read_bandwidth(nbytes, int(threads), reps)
+    if gbs <= 0:
+        raise RuntimeError(f"native bandwidth probe failed ({gbs})")
+    return float(gbs)
+
+
+def torch_read_bandwidth(threads: int, quick: bool = False) -> float:
+    nbytes, reps = _sizes(quick)
+    old = torch.get_num_threads()
+    torch.set_num_threads(int(threads))
+    try:
+        x = torch.ones(nbytes // 4, dtype=torch.float32)
+        x.sum()  # warm-up
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            x.sum()
+            best = min(best, time.perf_counter() - t0)
+        del x
+    finally:
+        torch.set_num_threads(old)
+    return nbytes / best / 1e9
+
+
+def read_bandwidth_probes(threads: int, quick: bool = False) -> dict[str, float]:
+    """{"native": GB/s, "torch": GB/s, "best": the larger} at ``threads`` threads."""
+    nat = native_read_bandwidth(threads, quick)
+    tor = torch_read_bandwidth(threads, quick)
+    return {"native": nat, "torch": tor, "best": max(nat, tor)}
+
+
+def measure_read_bandwidth(threads: int, quick: bool = False) -> float:
+    """The best read bandwidth (GB/s) of the native and torch probes at ``threads`` threads."""
+    return read_bandwidth_probes(threads, quick)["best"]

@@ -1,0 +1,859 @@
+// Fused CPU kernels for the Qwen3-TTS code predictor and talker.
+//
+// One call runs a whole predictor frame (15 passes, sampling included) or one talker step
+// inside a single OpenMP parallel region: matrix-vector products are split by output rows
+// across threads, the small per-token work (norms, activation quantisation, sampling) runs on
+// one thread between barriers. Weights are fp32, int8 (one fp32 scale per output row) or
+// int4 (groups of 32 along the input, one fp16 scale per group, two groups packed per
+// 32-byte block: low nibbles hold the first group, high nibbles the second). For int8/int4
+// the activation vector is quantised to int8 in blocks of 32 with one fp32 scale per block and
+// the products use integer dot instructions (AVX-512 VNNI, AVX2 maddubs, or plain C).
+//
+// All memory (weights, caches, workspace, outputs) is owned by the caller; this file only
+// reads and writes through the pointers it is given. Built with -O3 -march=native -fopenmp.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include <omp.h>
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define VO_AVX512VNNI 1
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define VO_AVX2 1
+#endif
+
+namespace {
+
+enum Fmt : int32_t { FMT_F32 = 0, FMT_I8 = 1, FMT_I4 = 2 };
+
+constexpr int MAX_TOKENS = 2;  // the predictor's first pass is a 2-token prefill
+
+}  // namespace
+
+extern "C" {
+
+// A weight matrix in nn.Linear layout [rows, cols].
+//   fp32: w = float[rows*cols], s = NULL
+//   int8: w = int8[rows*cols],  s = float[rows]            (w_ij = s_i * q_ij)
+//   int4: w = uint8[rows*cols/2], s = fp16[rows*cols/32]   (w = d_g * (nibble - 8))
+struct VoMat {
+    const void* w;
+    const void* s;
+    int64_t rows;
+    int64_t cols;
+};
+
+struct VoLayer {
+    const float* input_norm;
+    const float* post_norm;
+    const float* q_norm;
+    const float* k_norm;
+    VoMat qkv;      // [q_dim + 2*kv_dim, H]: q rows, then k rows, then v rows
+    VoMat o;        // [H, q_dim]
+    VoMat gate_up;  // [2*I, H]: gate rows, then up rows
+    VoMat down;     // [H, I]
+    float* k_cache; // [kv_heads, max_pos, head_dim]
+    float* v_cache;
+};
+
+struct VoStack {
+    int32_t fmt;
+    int32_t n_layers;
+    int32_t hidden;
+    int32_t inter;
+    int32_t heads;
+    int32_t kv_heads;
+    int32_t head_dim;
+    int32_t max_pos;
+    int32_t threads;
+    float eps;
+    const VoLayer* layers;
+    const float* final_norm;
+    const float* rope_cos;  // [max_pos, head_dim/2]
+    const float* rope_sin;
+    void* ws;               // workspace, vo_workspace_bytes(stack, vocab) bytes, 64-byte aligned
+    int64_t ws_bytes;
+};
+
+}  // extern "C"
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// fp16 -> fp32 (scales of int4 groups)
+
+inline float half_to_float(uint16_t h) {
+#if defined(VO_AVX2) || defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else {  // subnormal
+            float f = std::ldexp((float)man, -24);
+            std::memcpy(&bits, &f, 4);
+            bits |= sign;
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float out;
+    std::memcpy(&out, &bits, 4);
+    return out;
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantised activation: int8 values in blocks of 32, one scale per block. dexp holds the block
+// scale once per group of 4 values (one int32 lane of an integer dot), corr holds -8 times the
+// sum of those 4 values (the offset of unsigned int4 nibbles).
+
+struct Act {
+    const float* f;      // fp32 values (fp32 path)
+    int8_t* q;
+    float* d;            // one scale per block of 32
+    float* dexp;
+    int32_t* corr;
+};
+
+void quantize_act(const float* x, int64_t n, Act& a) {
+    for (int64_t b = 0; b < n / 32; ++b) {
+        const float* xb = x + b * 32;
+        int8_t* qb = a.q + b * 32;
+#if defined(VO_AVX512VNNI)
+        const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const float d = amax / 127.f;
+        const __m512 id = _mm512_set1_ps(d > 0.f ? 1.f / d : 0.f);
+        // round to nearest even, as nearbyint; |x/d| <= 127 up to rounding of d
+        __m512i q0 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v0, id)), _mm512_set1_epi32(-127)),
+                                      _mm512_set1_epi32(127));
+        __m512i q1 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v1, id)), _mm512_set1_epi32(-127)),
+                                      _mm512_set1_epi32(127));
+        __m256i q8 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(q0)), _mm512_cvtepi32_epi8(q1), 1);
+        _mm256_storeu_si256((__m256i*)qb, q8);
+        __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), q8);  // 8 sums of 4
+        _mm256_storeu_si256((__m256i*)(a.corr + b * 8), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sums, 3)));
+        _mm256_storeu_ps(a.dexp + b * 8, _mm256_set1_ps(d));
+        a.d[b] = d;
+#else
+        float amax = 0.f;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+        float d = amax / 127.f;
+        float id = d > 0.f ? 1.f / d : 0.f;
+        for (int i = 0; i < 32; ++i) {
+            int v = (int)std::nearbyint(xb[i] * id);
+            qb[i] = (int8_t)std::min(127, std::max(-127, v));
+        }
+        a.d[b] = d;
+        for (int l = 0; l < 8; ++l) {
+            a.dexp[b * 8 + l] = d;
+            a.corr[b * 8 + l] = -8 * ((int)qb[4 * l] + qb[4 * l + 1] + qb[4 * l + 2] + qb[4 * l + 3]);
+        }
+#endif
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row dot products.
+
+inline float dot_f32(const float* w, const float* a, int64_t n) {
+#if defined(__AVX512F__)
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(a + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(a + i + 16), s1);
+        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 32), _mm512_loadu_ps(a + i + 32), s2);
+        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 48), _mm512_loadu_ps(a + i + 48), s3);
+    }
+    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(a + i), s0);
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+    for (; i < n; ++i) s += w[i] * a[i];
+    return s;
+#elif defined(VO_AVX2)
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(a + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(a + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(a + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(a + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(a + i), s0);
+    __m256 t = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    float s = _mm_cvtss_f32(r);
+    for (; i < n; ++i) s += w[i] * a[i];
+    return s;
+#else
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j) s[j] += w[i + j] * a[i + j];
+    float t = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (; i < n; ++i) t += w[i] * a[i];
+    return t;
+#endif
+}
+
+#if defined(VO_AVX2) && !defined(VO_AVX512VNNI)
+inline float hsum256(__m256 t) {
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+#endif
+
+// int8 row (without its row scale) . quantised activation. n is a multiple of 64.
+inline float dot_q8(const int8_t* w, const Act& a, int64_t n) {
+#if defined(VO_AVX512VNNI)
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    const __m512i zero = _mm512_setzero_si512();
+    int64_t c = 0;
+    for (; c + 128 <= n; c += 128) {
+        __m512i w0 = _mm512_loadu_si512(w + c), w1 = _mm512_loadu_si512(w + c + 64);
+        __m512i a0 = _mm512_loadu_si512(a.q + c), a1 = _mm512_loadu_si512(a.q + c + 64);
+        // |w| (unsigned) times a with w's sign moved onto it
+        __m512i s0 = _mm512_mask_sub_epi8(a0, _mm512_movepi8_mask(w0), zero, a0);
+        __m512i s1 = _mm512_mask_sub_epi8(a1, _mm512_movepi8_mask(w1), zero, a1);
+        __m512i d0 = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(w0), s0);
+        __m512i d1 = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(w1), s1);
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_loadu_ps(a.dexp + c / 4), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_loadu_ps(a.dexp + c / 4 + 16), acc1);
+    }
+    for (; c < n; c += 64) {
+        __m512i w0 = _mm512_loadu_si512(w + c);
+        __m512i a0 = _mm512_loadu_si512(a.q + c);
+        __m512i s0 = _mm512_mask_sub_epi8(a0, _mm512_movepi8_mask(w0), zero, a0);
+        __m512i d0 = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(w0), s0);
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_loadu_ps(a.dexp + c / 4), acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#elif defined(VO_AVX2)
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t c = 0; c < n; c += 64) {
+        __m256i w0 = _mm256_loadu_si256((const __m256i*)(w + c));
+        __m256i w1 = _mm256_loadu_si256((const __m256i*)(w + c + 32));
+        __m256i a0 = _mm256_loadu_si256((const __m256i*)(a.q + c));
+        __m256i a1 = _mm256_loadu_si256((const __m256i*)(a.q + c + 32));
+        __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w0), _mm256_sign_epi8(a0, w0)), ones);
+        __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w1), _mm256_sign_epi8(a1, w1)), ones);
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_loadu_ps(a.dexp + c / 4), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_loadu_ps(a.dexp + c / 4 + 8), acc1);
+    }
+    return hsum256(_mm256_add_ps(acc0, acc1));
+#else
+    float acc = 0.f;
+    for (int64_t b = 0; b < n / 32; ++b) {
+        int32_t s = 0;
+        for (int i = 0; i < 32; ++i) s += (int32_t)w[b * 32 + i] * a.q[b * 32 + i];
+        acc += (float)s * a.dexp[b * 8];
+    }
+    return acc;
+#endif
+}
+
+// Per-row combined scales of an int4 row: cs[g] = weight group scale * activation block scale.
+inline void q4_scales(const uint16_t* sc, const Act& a, int64_t ng, float* cs) {
+    int64_t g = 0;
+#if defined(VO_AVX512VNNI)
+    for (; g + 16 <= ng; g += 16)
+        _mm512_storeu_ps(cs + g, _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(sc + g))),
+                                               _mm512_loadu_ps(a.d + g)));
+#elif defined(VO_AVX2)
+    for (; g + 8 <= ng; g += 8)
+        _mm256_storeu_ps(cs + g, _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sc + g))),
+                                               _mm256_loadu_ps(a.d + g)));
+#endif
+    for (; g < ng; ++g) cs[g] = half_to_float(sc[g]) * a.d[g];
+}
+
+constexpr int64_t Q4_MAX_GROUPS = 1024;  // rows up to 32768 inputs
+
+// int4 row . quantised activation, group scales applied. n is a multiple of 64.
+inline float dot_q4(const uint8_t* qs, const uint16_t* sc, const Act& a, int64_t n) {
+#if defined(VO_AVX512VNNI)
+    // 256-bit VNNI: one group (8 int32 lanes) per dot. The 16 combined scales of a window of
+    // 512 inputs stay in two registers and are broadcast per group by a lane permute (going
+    // through memory would stall on store forwarding).
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
+           acc3 = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i i0 = _mm256_set1_epi32(0), i1 = _mm256_set1_epi32(1), i2 = _mm256_set1_epi32(2),
+                  i3 = _mm256_set1_epi32(3), i4 = _mm256_set1_epi32(4), i5 = _mm256_set1_epi32(5),
+                  i6 = _mm256_set1_epi32(6), i7 = _mm256_set1_epi32(7);
+    auto group4 = [&](int64_t c, __m256 s0, __m256 s1, __m256 s2, __m256 s3) {
+        __m256i x0 = _mm256_loadu_si256((const __m256i*)(qs + c / 2));
+        __m256i x1 = _mm256_loadu_si256((const __m256i*)(qs + c / 2 + 32));
+        __m256i d0 = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i*)(a.corr + c / 4)), _mm256_and_si256(x0, m4),
+                                         _mm256_loadu_si256((const __m256i*)(a.q + c)));
+        __m256i d1 = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i*)(a.corr + c / 4 + 8)),
+                                         _mm256_and_si256(_mm256_srli_epi16(x0, 4), m4),
+                                         _mm256_loadu_si256((const __m256i*)(a.q + c + 32)));
+        __m256i d2 = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i*)(a.corr + c / 4 + 16)), _mm256_and_si256(x1, m4),
+                                         _mm256_loadu_si256((const __m256i*)(a.q + c + 64)));
+        __m256i d3 = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i*)(a.corr + c / 4 + 24)),
+                                         _mm256_and_si256(_mm256_srli_epi16(x1, 4), m4),
+                                         _mm256_loadu_si256((const __m256i*)(a.q + c + 96)));
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), s0, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), s1, acc1);
+        acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d2), s2, acc2);
+        acc3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d3), s3, acc3);
+    };
+    int64_t c = 0;
+    for (; c + 512 <= n; c += 512) {
+        __m512 cs = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(sc + c / 32))),
+                                  _mm512_loadu_ps(a.d + c / 32));
+        __m256 lo = _mm512_castps512_ps256(cs), hi = _mm512_extractf32x8_ps(cs, 1);
+        group4(c, _mm256_permutevar8x32_ps(lo, i0), _mm256_permutevar8x32_ps(lo, i1),
+               _mm256_permutevar8x32_ps(lo, i2), _mm256_permutevar8x32_ps(lo, i3));
+        group4(c + 128, _mm256_permutevar8x32_ps(lo, i4), _mm256_permutevar8x32_ps(lo, i5),
+               _mm256_permutevar8x32_ps(lo, i6), _mm256_permutevar8x32_ps(lo, i7));
+        group4(c + 256, _mm256_permutevar8x32_ps(hi, i0), _mm256_permutevar8x32_ps(hi, i1),
+               _mm256_permutevar8x32_ps(hi, i2), _mm256_permutevar8x32_ps(hi, i3));
+        group4(c + 384, _mm256_permutevar8x32_ps(hi, i4), _mm256_permutevar8x32_ps(hi, i5),
+               _mm256_permutevar8x32_ps(hi, i6), _mm256_permutevar8x32_ps(hi, i7));
+    }
+    for (; c < n; c += 128) {  // tail (n not a multiple of 512): scales one by one
+        auto sg = [&](int64_t g) { return _mm256_set1_ps(half_to_float(sc[g]) * a.d[g]); };
+        if (c + 128 <= n) {
+            group4(c, sg(c / 32), sg(c / 32 + 1), sg(c / 32 + 2), sg(c / 32 + 3));
+        } else {  // 64 left
+            __m256i x0 = _mm256_loadu_si256((const __m256i*)(qs + c / 2));
+            __m256i d0 = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i*)(a.corr + c / 4)),
+                                             _mm256_and_si256(x0, m4), _mm256_loadu_si256((const __m256i*)(a.q + c)));
+            __m256i d1 = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i*)(a.corr + c / 4 + 8)),
+                                             _mm256_and_si256(_mm256_srli_epi16(x0, 4), m4),
+                                             _mm256_loadu_si256((const __m256i*)(a.q + c + 32)));
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), sg(c / 32), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), sg(c / 32 + 1), acc1);
+            c -= 64;
+        }
+    }
+    __m256 t = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+#elif defined(VO_AVX2)
+    alignas(64) float cs[Q4_MAX_GROUPS];
+    q4_scales(sc, a, n / 32, cs);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t c = 0; c < n; c += 64) {
+        __m256i x = _mm256_loadu_si256((const __m256i*)(qs + c / 2));
+        __m256i lo = _mm256_and_si256(x, m4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+        __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i*)(a.q + c))), ones);
+        __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i*)(a.q + c + 32))), ones);
+        p0 = _mm256_add_epi32(p0, _mm256_loadu_si256((const __m256i*)(a.corr + c / 4)));
+        p1 = _mm256_add_epi32(p1, _mm256_loadu_si256((const __m256i*)(a.corr + c / 4 + 8)));
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcast_ss(cs + c / 32), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(cs + c / 32 + 1), acc1);
+    }
+    return hsum256(_mm256_add_ps(acc0, acc1));
+#else
+    float cs[Q4_MAX_GROUPS];
+    q4_scales(sc, a, n / 32, cs);
+    float acc = 0.f;
+    for (int64_t p = 0; p < n / 64; ++p) {
+        const uint8_t* x = qs + p * 32;
+        int32_t s0 = 0, s1 = 0;
+        for (int j = 0; j < 32; ++j) {
+            s0 += ((int32_t)(x[j] & 0x0f) - 8) * a.q[p * 64 + j];
+            s1 += ((int32_t)(x[j] >> 4) - 8) * a.q[p * 64 + 32 + j];
+        }
+        acc += (float)s0 * cs[2 * p] + (float)s1 * cs[2 * p + 1];
+    }
+    return acc;
+#endif
+}
+
+// One output element: row r of m times activation a.
+inline float row_dot(int fmt, const VoMat& m, int64_t r, const Act& a) {
+    const int64_t n = m.cols;
+    switch (fmt) {
+        case FMT_F32:
+            return dot_f32((const float*)m.w + r * n, a.f, n);
+        case FMT_I8:
+            return dot_q8((const int8_t*)m.w + r * n, a, n) * ((const float*)m.s)[r];
+        default:
+            return dot_q4((const uint8_t*)m.w + r * (n / 2), (const uint16_t*)m.s + r * (n / 32), a, n);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workspace layout (all sizes in floats/bytes derived from the stack dims).
+
+struct Work {
+    float* x;       // [T, H] residual stream
+    float* xn;      // [T, maxin] normed input / attention output / swiglu output (fp32)
+    float* qkv;     // [T, q_dim + 2 kv_dim]
+    float* h;       // [T, maxin] swiglu output
+    float* scores;  // [heads, max_pos]
+    Act act[MAX_TOKENS];
+    int64_t maxin;
+    int64_t xn_stride;
+    int64_t qkv_stride;
+    float* extra;   // [extra_len] scratch for callers (projection input, etc.)
+    int64_t extra_len;
+};
+
+inline int64_t align64(int64_t v) { return (v + 63) & ~int64_t(63); }
+
+int64_t layout(const VoStack& st, int64_t extra_len, Work* w) {
+    const int64_t H = st.hidden, I = st.inter, qd = (int64_t)st.heads * st.head_dim,
+                  kvd = (int64_t)st.kv_heads * st.head_dim;
+    int64_t maxin = std::max({H, I, qd, extra_len});
+    maxin = (maxin + 63) / 64 * 64;
+    int64_t off = 0;
+    char* base = (char*)st.ws;
+    auto take = [&](int64_t bytes) -> char* {
+        char* p = base ? base + off : nullptr;
+        off += align64(bytes);
+        return p;
+    };
+    Work tmp;
+    Work& W = w ? *w : tmp;
+    W.maxin = maxin;
+    W.xn_stride = maxin;
+    W.qkv_stride = qd + 2 * kvd;
+    W.x = (float*)take(sizeof(float) * MAX_TOKENS * H);
+    W.xn = (float*)take(sizeof(float) * MAX_TOKENS * maxin);
+    W.qkv = (float*)take(sizeof(float) * MAX_TOKENS * W.qkv_stride);
+    W.h = (float*)take(sizeof(float) * MAX_TOKENS * maxin);
+    W.scores = (float*)take(sizeof(float) * st.heads * (int64_t)st.max_pos);
+    for (int t = 0; t < MAX_TOKENS; ++t) {
+        W.act[t].f = nullptr;
+        W.act[t].q = (int8_t*)take(maxin);
+        W.act[t].d = (float*)take(sizeof(float) * maxin / 32);
+        W.act[t].dexp = (float*)take(sizeof(float) * maxin / 4);
+        W.act[t].corr = (int32_t*)take(sizeof(int32_t) * maxin / 4);
+    }
+    W.extra = (float*)take(sizeof(float) * std::max<int64_t>(extra_len, 1));
+    W.extra_len = extra_len;
+    return off;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Building blocks, called from inside the parallel region.
+
+inline void rmsnorm(const float* x, const float* w, float* y, int64_t n, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; ++i) ss += (double)x[i] * x[i];
+    float r = 1.f / std::sqrt((float)(ss / (double)n) + eps);
+    for (int64_t i = 0; i < n; ++i) y[i] = w[i] * (x[i] * r);
+}
+
+// Prepare activations of T tokens (rows of src with stride) for a GEMV (single thread).
+inline void prep_act(int fmt, Work& W, const float* src, int64_t stride, int64_t n, int T) {
+    for (int t = 0; t < T; ++t) {
+        W.act[t].f = src + t * stride;
+        if (fmt != FMT_F32) quantize_act(src + t * stride, n, W.act[t]);
+    }
+}
+
+enum OutMode { OUT_STORE = 0, OUT_ADD = 1 };
+
+// out[t, r] (=|+=) m[r] . act[t] for r in [0, rows), rows split across the team.
+inline void gemv(int fmt, const VoMat& m, Work& W, int T, float* out, int64_t out_stride, OutMode mode) {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < m.rows; ++r) {
+        for (int t = 0; t < T; ++t) {
+            float v = row_dot(fmt, m, r, W.act[t]);
+            if (mode == OUT_ADD)
+                out[t * out_stride + r] += v;
+            else
+                out[t * out_stride + r] = v;
+        }
+    }
+}
+
+// h[t, r] = silu(gate_r . a_t) * (up_r . a_t) for r in [0, I).
+inline void gemv_swiglu(int fmt, const VoMat& m, int64_t I, Work& W, int T, float* out, int64_t out_stride) {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < I; ++r) {
+        for (int t = 0; t < T; ++t) {
+            float g = row_dot(fmt, m, r, W.act[t]);
+            float u = row_dot(fmt, m, r + I, W.act[t]);
+            out[t * out_stride + r] = g / (1.f + std::exp(-g)) * u;
+        }
+    }
+}
+
+inline void head_norm_rope(float* v, const float* nw, const float* cs, const float* sn, int hd, float eps) {
+    float tmp[512];
+    rmsnorm(v, nw, tmp, hd, eps);
+    const int h2 = hd / 2;
+    for (int j = 0; j < h2; ++j) {
+        float a = tmp[j], b = tmp[j + h2];
+        v[j] = a * cs[j] - b * sn[j];
+        v[j + h2] = b * cs[j] + a * sn[j];
+    }
+}
+
+// One decoder layer on T tokens at positions pos0..pos0+T-1 (inside the parallel region).
+void layer_forward(const VoStack& st, const VoLayer& L, Work& W, int T, int pos0) {
+    const int fmt = st.fmt;
+    const int64_t H = st.hidden, I = st.inter, hd = st.head_dim;
+    const int64_t qd = (int64_t)st.heads * hd, kvd = (int64_t)st.kv_heads * hd;
+    const int h2 = (int)hd / 2;
+    const int rep = st.heads / st.kv_heads;
+    const int64_t mp = st.max_pos;
+
+#pragma omp single
+    {
+        for (int t = 0; t < T; ++t) rmsnorm(W.x + t * H, L.input_norm, W.xn + t * W.xn_stride, H, st.eps);
+        prep_act(fmt, W, W.xn, W.xn_stride, H, T);
+    }
+    gemv(fmt, L.qkv, W, T, W.qkv, W.qkv_stride, OUT_STORE);
+    // k: norm + rope, store k and v into the cache (implicit barrier after the loop)
+#pragma omp for schedule(static)
+    for (int64_t kh = 0; kh < st.kv_heads; ++kh) {
+        for (int t = 0; t < T; ++t) {
+            const int pos = pos0 + t;
+            float* k = W.qkv + t * W.qkv_stride + qd + kh * hd;
+            const float* v = W.qkv + t * W.qkv_stride + qd + kvd + kh * hd;
+            head_norm_rope(k, L.k_norm, st.rope_cos + (int64_t)pos * h2, st.rope_sin + (int64_t)pos * h2, (int)hd, st.eps);
+            std::memcpy(L.k_cache + (kh * mp + pos) * hd, k, sizeof(float) * hd);
+            std::memcpy(L.v_cache + (kh * mp + pos) * hd, v, sizeof(float) * hd);
+        }
+    }
+    // q heads: norm + rope, causal softmax attention over the cache; output into xn
+    const float scale = 1.f / std::sqrt((float)hd);
+#pragma omp for schedule(static)
+    for (int64_t h = 0; h < st.heads; ++h) {
+        const int64_t kh = h / rep;
+        float* sc = W.scores + h * mp;
+        for (int t = 0; t < T; ++t) {
+            const int pos = pos0 + t;
+            float* q = W.qkv + t * W.qkv_stride + h * hd;
+            head_norm_rope(q, L.q_norm, st.rope_cos + (int64_t)pos * h2, st.rope_sin + (int64_t)pos * h2, (int)hd, st.eps);
+            const float* kc = L.k_cache + kh * mp * hd;
+            const float* vc = L.v_cache + kh * mp * hd;
+            const int n = pos + 1;
+            float mx = -std::numeric_limits<float>::infinity();
+            for (int j = 0; j < n; ++j) {
+                sc[j] = dot_f32(q, kc + (int64_t)j * hd, hd) * scale;
+                mx = std::max(mx, sc[j]);
+            }
+            float sum = 0.f;
+            for (int j = 0; j < n; ++j) {
+                sc[j] = std::exp(sc[j] - mx);
+                sum += sc[j];
+            }
+            const float inv = 1.f / sum;
+            float* o = W.xn + t * W.xn_stride + h * hd;
+            for (int64_t d = 0; d < hd; ++d) o[d] = 0.f;
+            for (int j = 0; j < n; ++j) {
+                const float p = sc[j] * inv;
+                const float* vr = vc + (int64_t)j * hd;
+                for (int64_t d = 0; d < hd; ++d) o[d] += p * vr[d];
+            }
+        }
+    }
+#pragma omp single
+    prep_act(fmt, W, W.xn, W.xn_stride, qd, T);
+    gemv(fmt, L.o, W, T, W.x, H, OUT_ADD);
+#pragma omp single
+    {
+        for (int t = 0; t < T; ++t) rmsnorm(W.x + t * H, L.post_norm, W.xn + t * W.xn_stride, H, st.eps);
+        prep_act(fmt, W, W.xn, W.xn_stride, H, T);
+    }
+    gemv_swiglu(fmt, L.gate_up, I, W, T, W.h, W.xn_stride);
+#pragma omp single
+    prep_act(fmt, W, W.h, W.xn_stride, I, T);
+    gemv(fmt, L.down, W, T, W.x, H, OUT_ADD);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sampling of one residual code from logits[n]: greedy argmax, or temperature -> top-k ->
+// argmax(scaled + gumbel) over the kept entries (gumbel = -log(-log(u)), precomputed).
+
+int64_t sample(const float* logits, int64_t n, int greedy, float temperature, int top_k, const float* gumbel,
+               float* scratch) {
+    if (greedy) {
+        int64_t best = 0;
+        for (int64_t i = 1; i < n; ++i)
+            if (logits[i] > logits[best]) best = i;
+        return best;
+    }
+    for (int64_t i = 0; i < n; ++i) scratch[i] = logits[i] / temperature;
+    float thresh = -std::numeric_limits<float>::infinity();
+    if (top_k > 0 && top_k < n) {
+        float* tmp = scratch + n;
+        std::memcpy(tmp, scratch, sizeof(float) * n);
+        std::nth_element(tmp, tmp + (top_k - 1), tmp + n, [](float a, float b) { return a > b; });
+        thresh = tmp[top_k - 1];
+    }
+    int64_t best = -1;
+    float bv = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < n; ++i) {
+        if (scratch[i] < thresh) continue;
+        float v = scratch[i] + gumbel[i];
+        if (best < 0 || v > bv) {
+            bv = v;
+            best = i;
+        }
+    }
+    return best < 0 ? 0 : best;
+}
+
+bool stack_ok(const VoStack& st) {
+    const int64_t H = st.hidden, I = st.inter;
+    const int64_t qd = (int64_t)st.heads * st.head_dim, kvd = (int64_t)st.kv_heads * st.head_dim;
+    if (H % 64 || I % 64 || qd % 64) return false;
+    if (st.fmt == FMT_I4 && std::max({H, I, qd}) / 32 > Q4_MAX_GROUPS) return false;
+    if (st.head_dim > 512 || st.head_dim % 2) return false;
+    (void)kvd;
+    return true;
+}
+
+int run_threads(const VoStack& st) { return st.threads > 0 ? st.threads : omp_get_max_threads(); }
+
+}  // namespace
+
+extern "C" {
+
+int32_t vo_version() { return 3; }
+
+int32_t vo_isa() {
+#if defined(VO_AVX512VNNI)
+    return 2;
+#elif defined(VO_AVX2)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+// Bytes of workspace needed for this stack; extra_len floats of caller scratch (>= vocab*2).
+int64_t vo_workspace_bytes(const VoStack* st, int64_t extra_len) {
+    VoStack s = *st;
+    s.ws = nullptr;
+    return layout(s, extra_len, nullptr) + 64;
+}
+
+// Run the stack on T tokens x[T, H] at positions pos0.., leaving the final-normed hidden
+// states in out[T, H]; with a head, also logits[head.rows] of the last token. One predictor
+// pass is this call with T = 1 and one lm_head (used for timing single passes and in tests).
+int32_t vo_stack_forward(const VoStack* stp, const float* x, int32_t T, int32_t pos0, float* out, const VoMat* head,
+                         float* logits) {
+    const VoStack& st = *stp;
+    if (!stack_ok(st) || T < 1 || T > MAX_TOKENS || pos0 < 0 || pos0 + T > st.max_pos) return -1;
+    if (head && head->cols != st.hidden) return -2;
+    Work W;
+    layout(st, 0, &W);
+    const int64_t H = st.hidden;
+    std::memcpy(W.x, x, sizeof(float) * T * H);
+#pragma omp parallel num_threads(run_threads(st))
+    {
+        for (int l = 0; l < st.n_layers; ++l) layer_forward(st, st.layers[l], W, T, pos0);
+#pragma omp single
+        {
+            for (int t = 0; t < T; ++t) rmsnorm(W.x + t * H, st.final_norm, out + t * H, H, st.eps);
+            prep_act(st.fmt, W, out + (T - 1) * H, H, H, 1);
+        }
+        if (head) gemv(st.fmt, *head, W, 1, logits, head->rows, OUT_STORE);
+    }
+    return 0;
+}
+
+// One talker step: x[H] at position pos -> hidden[H] (after the final norm) and
+// logits[head.rows] = head . hidden.
+int32_t vo_talker_step(const VoStack* stp, const VoMat* head, const float* x, int32_t pos, float* logits,
+                       float* hidden) {
+    const VoStack& st = *stp;
+    if (!stack_ok(st) || pos < 0 || pos >= st.max_pos || head->cols != st.hidden) return -1;
+    Work W;
+    layout(st, 0, &W);
+    const int64_t H = st.hidden;
+    std::memcpy(W.x, x, sizeof(float) * H);
+#pragma omp parallel num_threads(run_threads(st))
+    {
+        for (int l = 0; l < st.n_layers; ++l) layer_forward(st, st.layers[l], W, 1, pos);
+#pragma omp single
+        {
+            rmsnorm(W.x, st.final_norm, hidden, H, st.eps);
+            prep_act(st.fmt, W, hidden, H, H, 1);
+        }
+        gemv(st.fmt, *head, W, 1, logits, head->rows, OUT_STORE);
+    }
+    return 0;
+}
+
+// A whole predictor frame in one call.
+//   heads[G]          lm_head per residual codebook, [V, H] each (G = 15)
+//   emb               fp32 [G, V, Ht] codec embedding tables
+//   proj, proj_bias   optional [H, Ht] projection (proj->w == NULL for identity, Ht == H)
+//   past_hidden, c0_embed  [Ht]
+//   gumbel            [G, V] noise (sampled mode) or NULL
+//   codes_out         int64 [G]; embed_sum_out [Ht]; logits_out [G, V] (all logits, or NULL)
+int32_t vo_predictor_frame(const VoStack* stp, const VoMat* heads, int32_t G, const float* emb, int64_t Ht,
+                           const VoMat* proj, const float* proj_bias, const float* past_hidden,
+                           const float* c0_embed, int32_t greedy, float temperature, int32_t top_k,
+                           const float* gumbel, int64_t* codes_out, float* embed_sum_out, float* logits_out) {
+    const VoStack& st = *stp;
+    const int64_t H = st.hidden;
+    const int64_t V = heads[0].rows;
+    const bool has_proj = proj && proj->w;
+    if (!stack_ok(st) || G + 1 > st.max_pos) return -1;
+    if (!has_proj && Ht != H) return -2;
+    if (has_proj && (proj->rows != H || proj->cols != Ht || Ht % 64)) return -2;
+    if (!greedy && !gumbel) return -3;
+    Work W;
+    const int64_t extra_len = std::max<int64_t>(3 * V, Ht);
+    layout(st, extra_len, &W);
+    if (vo_workspace_bytes(stp, extra_len) > st.ws_bytes) return -4;
+    float* logits_buf = W.extra;         // [V]
+    float* samp_scratch = W.extra + V;   // [2V]
+    // The next input row(s) in table space (Ht wide) are staged in xn before projection.
+    int64_t code = 0;
+    for (int64_t i = 0; i < Ht; ++i) embed_sum_out[i] = c0_embed[i];
+
+#pragma omp parallel num_threads(run_threads(st))
+    {
+        for (int k = 1; k <= G; ++k) {
+            const int T = (k == 1) ? 2 : 1;
+            const int pos0 = (k == 1) ? 0 : k;
+            // input rows -> W.x (projected when the talker width differs)
+            if (has_proj) {
+#pragma omp single
+                {
+                    if (k == 1) {
+                        std::memcpy(W.xn, past_hidden, sizeof(float) * Ht);
+                        std::memcpy(W.xn + W.xn_stride, c0_embed, sizeof(float) * Ht);
+                    } else {
+                        std::memcpy(W.xn, emb + ((int64_t)(k - 2) * V + code) * Ht, sizeof(float) * Ht);
+                    }
+                    prep_act(st.fmt, W, W.xn, W.xn_stride, Ht, T);
+                }
+                gemv(st.fmt, *proj, W, T, W.x, H, OUT_STORE);
+#pragma omp single
+                for (int t = 0; t < T; ++t)
+                    for (int64_t i = 0; i < H; ++i) W.x[t * H + i] += proj_bias[i];
+            } else {
+#pragma omp single
+                {
+                    if (k == 1) {
+                        std::memcpy(W.x, past_hidden, sizeof(float) * H);
+                        std::memcpy(W.x + H, c0_embed, sizeof(float) * H);
+                    } else {
+                        std::memcpy(W.x, emb + ((int64_t)(k - 2) * V + code) * Ht, sizeof(float) * H);
+                    }
+                }
+            }
+            for (int l = 0; l < st.n_layers; ++l) layer_forward(st, st.layers[l], W, T, pos0);
+            // final norm of the last token, head k-1, sampling
+#pragma omp single
+            {
+                rmsnorm(W.x + (T - 1) * H, st.final_norm, W.xn, H, st.eps);
+                prep_act(st.fmt, W, W.xn, W.xn_stride, H, 1);
+            }
+            gemv(st.fmt, heads[k - 1], W, 1, logits_buf, V, OUT_STORE);
+#pragma omp single
+            {
+                code = sample(logits_buf, V, greedy, temperature, top_k, gumbel ? gumbel + (int64_t)(k - 1) * V : nullptr,
+                              samp_scratch);
+                codes_out[k - 1] = code;
+                if (logits_out) std::memcpy(logits_out + (int64_t)(k - 1) * V, logits_buf, sizeof(float) * V);
+                const float* e = emb + ((int64_t)(k - 1) * V + code) * Ht;
+                for (int64_t i = 0; i < Ht; ++i) embed_sum_out[i] += e[i];
+            }
+        }
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Read-bandwidth probe: every thread streams its own slice of a buffer with wide loads.
+// Returns the best GB/s (1e9 bytes/s) over `reps` sweeps, or a negative value on failure.
+
+double vo_read_bandwidth(int64_t bytes, int32_t threads, int32_t reps) {
+    if (threads < 1) threads = omp_get_max_threads();
+    bytes = bytes / 4096 * 4096;
+    if (bytes <= 0) return -1.0;
+    char* buf = (char*)std::aligned_alloc(4096, (size_t)bytes);
+    if (!buf) return -2.0;
+    const int64_t n = bytes / 64;  // 64-byte lines
+    double best = 0.0;
+    volatile int64_t sink = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        const int64_t lo = n * id / nt, hi = n * (id + 1) / nt;
+        std::memset(buf + lo * 64, id + 1, (size_t)((hi - lo) * 64));  // first touch by the reader
+        for (int r = 0; r < reps + 1; ++r) {
+#pragma omp barrier
+            double t0 = omp_get_wtime();
+#if defined(__AVX512F__)
+            __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+            const __m512i* p = (const __m512i*)buf;
+            int64_t i = lo;
+            for (; i + 4 <= hi; i += 4) {
+                a0 = _mm512_add_epi64(a0, _mm512_load_si512(p + i));
+                a1 = _mm512_add_epi64(a1, _mm512_load_si512(p + i + 1));
+                a2 = _mm512_add_epi64(a2, _mm512_load_si512(p + i + 2));
+                a3 = _mm512_add_epi64(a3, _mm512_load_si512(p + i + 3));
+            }
+            for (; i < hi; ++i) a0 = _mm512_add_epi64(a0, _mm512_load_si512(p + i));
+            int64_t s = _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+#elif defined(__AVX2__)
+            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+            const __m256i* p = (const __m256i*)buf;
+            int64_t i = 2 * lo;
+            for (; i + 4 <= 2 * hi; i += 4) {
+                a0 = _mm256_add_epi64(a0, _mm256_load_si256(p + i));
+                a1 = _mm256_add_epi64(a1, _mm256_load_si256(p + i + 1));
+                a2 = _mm256_add_epi64(a2, _mm256_load_si256(p + i + 2));
+                a3 = _mm256_add_epi64(a3, _mm256_load_si256(p + i + 3));
+            }
+            __m256i t = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+            int64_t s = _mm256_extract_epi64(t, 0) + _mm256_extract_epi64(t, 1) + _mm256_extract_epi64(t, 2) +
+                        _mm256_extract_epi64(t, 3);
+#else
+            const int64_t* p = (const int64_t*)buf;
+            int64_t s = 0;
+            for (int64_t i = lo * 8; i < hi * 8; ++i) s += p[i];
+#endif
+#pragma omp barrier
+            double t1 = omp_get_wtime();
+#pragma omp atomic
+            sink += s;
+#pragma omp single
+            {
+                if (r > 0) {  // the first sweep warms the TLB and page tables
+                    double gbs = (double)bytes / (t1 - t0) / 1e9;
+                    if (gbs > best) best = gbs;
+                }
+            }
+        }
+    }
+    std::free(buf);
+    (void)sink;
+    return best;
+}
+
+}  // extern "C"

@@ -1,0 +1,77 @@
+"""The fused talker step: one native call runs the 28 blocks, final norm and codec head.
+
+Uses the same block kernel as the fused predictor (``vllm_omni.cpu.predictor.NativeStack``)
+with a longer static KV cache (``max_positions``, fp32). Semantics are those of
+``vllm_omni.cpu.reference.ReferenceTalker.step``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import Tensor
+
+from vllm_omni.cpu.predictor import NativeStack, vo_mat
+from vllm_omni.cpu.quant import check_format, quantize
+from vllm_omni.cpu.weights import TalkerWeights
+
+
+class FusedTalker:
+    """``step(x) -> (logits [3072], hidden [H])`` with a static KV cache of ``max_positions``."""
+
+    def __init__(self, weights: TalkerWeights, fmt: str = "fp32", threads: int | None = None,
+                 max_positions: int = 2048, variant: str = "native"):
+        self.spec, self.fmt = weights.spec, check_format(fmt)
+        st = weights.spec.talker
+        self.hidden = st.hidden
+        self.native = NativeStack(weights.layers, weights.norm, st, fmt, threads, max_positions, variant=variant)
+        self.lib = self.native.lib
+        self.head = quantize(weights.codec_head, fmt)
+        self.c_head = vo_mat(self.head)
+        self.codec_embedding = weights.codec_embedding
+        self.max_positions = max_positions
+        self.position = 0
+        self._logits = torch.empty(self.head.rows)
+        self._hidden = torch.empty(st.hidden)
+
+    @property
+    def threads(self) -> int:
+        return self.native.threads
+
+    def set_threads(self, threads: int) -> None:
+        self.native.set_threads(threads)
+
+    def reset(self) -> None:
+        """Empty the cache (the buffers stay allocated)."""
+        self.position = 0
+
+    def prefill_random(self, positions: int, seed: int = 0) -> None:
+        """Empty the cache, then fill ``positions`` entries with random K/V (benchmark set-up)."""
+        if not 0 <= positions < self.max_positions:
+            raise ValueError(f"positions must be in 0..{self.max_positions - 1}, got {positions}")
+        self.native.fill_cache(positions, seed)
+        self.position = positions
+
+    def prefill(self, positions: int, seed: int = 0) -> None:
+        """Same as ``prefill_random`` (the name ``ReferenceTalker`` uses for its set-up)."""
+        self.prefill_random(positions, seed)
+
+    def step(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """One token ``x`` [H] at the next position -> (logits [3072], post-norm hidden [H])."""
+        if self.position >= self.max_positions:
+            raise RuntimeError(f"KV cache full ({self.max_positions} positions)")
+        xc = x.float().contiguous()
+        if xc.shape != (self.hidden,):
+            raise ValueError(f"x must be [{self.hidden}], got {tuple(x.shape)}")
+        rc = self.lib.vo_talker_step(ctypes.byref(self.native.c), ctypes.byref(self.c_head), xc.data_ptr(),
+                                     self.position, self._logits.data_ptr(), self._hidden.data_ptr())
+        if rc != 0:
+            raise RuntimeError(f"vo_talker_step failed ({rc})")
+        self.position += 1
+        return self._logits.clone(), self._hidden.clone()
+
+    @property
+    def step_bytes(self) -> int:
+        """Weight bytes one step reads as packed here (blocks + norm + codec head); KV cache not included."""
+        return self.native.bytes + self.head.nbytes

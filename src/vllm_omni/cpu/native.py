@@ -1,0 +1,202 @@
+"""Build and load the native CPU kernels (``csrc/vo_kernels.cpp``) with ctypes.
+
+The library is compiled just in time, on first use, with the machine's C++ compiler
+(``$CXX`` or ``g++``) and ``-O3 -march=native -fopenmp``, so it always matches the host's
+instruction set (AVX-512 VNNI, AVX2 or plain C, chosen by preprocessor macros). The result is
+cached in a folder keyed by a hash of the sources, the flags, the compiler version and the
+CPU's feature flags:
+
+- ``$VLLM_OMNI_NATIVE_DIR`` when set, else ``$XDG_CACHE_HOME/vllm_omni/native``
+  (``~/.cache/vllm_omni/native``).
+
+A file lock serialises concurrent builds (pytest-xdist workers, several processes). No torch
+headers are used, so a build takes a few seconds. Tensors are passed as raw pointers
+(``tensor.data_ptr()``); the Python side owns every buffer.
+
+``variant`` selects the instruction set: ``"native"`` (the host's best), ``"avx2"``
+(AVX2 + FMA + F16C, the AVX2-only path) or ``"generic"`` (plain C fallback); the last two let
+tests check the fallbacks on an AVX-512 machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = ("vo_kernels.cpp",)
+BASE_FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno")
+VARIANT_FLAGS = {
+    "native": ("-march=native",),
+    "avx2": ("-mavx2", "-mfma", "-mf16c"),
+    "generic": ("-march=x86-64",),
+}
+ISA_NAMES = {0: "generic C", 1: "AVX2", 2: "AVX-512 VNNI"}
+
+
+class NativeBuildError(RuntimeError):
+    """The native kernels could not be compiled or loaded."""
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("VLLM_OMNI_NATIVE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "vllm_omni" / "native"
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX") or "g++"
+    path = shutil.which(cxx)
+    if path is None:
+        raise NativeBuildError(
+            f"C++ compiler {cxx!r} not found: the native CPU kernels are compiled on first use; "
+            "install g++ (e.g. `apt-get install g++`) or point $CXX at a compiler"
+        )
+    return path
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line.strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _build_key(cxx: str, flags: tuple[str, ...]) -> str:
+    h = hashlib.sha256()
+    for name in SOURCES:
+        h.update((CSRC / name).read_bytes())
+    h.update(" ".join(flags).encode())
+    try:
+        h.update(subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout.encode())
+    except (OSError, subprocess.TimeoutExpired):
+        h.update(cxx.encode())
+    if "-march=native" in flags:
+        h.update(_cpu_flags().encode())
+    return h.hexdigest()[:16]
+
+
+def build(variant: str = "native") -> Path:
+    """Compile the library for ``variant`` unless a cached build exists; return its path."""
+    if variant not in VARIANT_FLAGS:
+        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANT_FLAGS)}")
+    cxx = _compiler()
+    flags = BASE_FLAGS + VARIANT_FLAGS[variant]
+    key = _build_key(cxx, flags)
+    out_dir = cache_dir()
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(out_dir, os.W_OK):
+            raise PermissionError(str(out_dir))
+    except OSError:  # read-only home: fall back to a per-user temporary folder
+        out_dir = Path(tempfile.gettempdir()) / f"vllm_omni-native-{os.getuid()}"
+        out_dir.mkdir(parents=True, exist_ok=True)
+    lib = out_dir / f"libvo_kernels-{variant}-{key}.so"
+    if lib.exists():
+        return lib
+    with open(out_dir / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if lib.exists():
+                return lib
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+            os.close(fd)
+            cmd = [cxx, *flags, *(str(CSRC / s) for s in SOURCES), "-o", tmp]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                os.unlink(tmp)
+                raise NativeBuildError(f"compiling the native kernels failed:\n$ {' '.join(cmd)}\n{proc.stderr[-4000:]}")
+            os.replace(tmp, lib)
+            for old in out_dir.glob(f"libvo_kernels-{variant}-*.so"):  # builds of older sources
+                if old != lib:
+                    old.unlink(missing_ok=True)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return lib
+
+
+# --- ctypes mirrors of the C structs (keep in the same order as vo_kernels.cpp) ----------------
+
+class VoMat(ctypes.Structure):
+    _fields_ = [("w", ctypes.c_void_p), ("s", ctypes.c_void_p), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64)]
+
+
+class VoLayer(ctypes.Structure):
+    _fields_ = [
+        ("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
+        ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
+        ("qkv", VoMat), ("o", VoMat), ("gate_up", VoMat), ("down", VoMat),
+        ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
+    ]
+
+
+class VoStack(ctypes.Structure):
+    _fields_ = [
+        ("fmt", ctypes.c_int32), ("n_layers", ctypes.c_int32), ("hidden", ctypes.c_int32),
+        ("inter", ctypes.c_int32), ("heads", ctypes.c_int32), ("kv_heads", ctypes.c_int32),
+        ("head_dim", ctypes.c_int32), ("max_pos", ctypes.c_int32), ("threads", ctypes.c_int32),
+        ("eps", ctypes.c_float),
+        ("layers", ctypes.POINTER(VoLayer)), ("final_norm", ctypes.c_void_p),
+        ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p),
+        ("ws", ctypes.c_void_p), ("ws_bytes", ctypes.c_int64),
+    ]
+
+
+P = ctypes.c_void_p
+_I32, _I64, _F32 = ctypes.c_int32, ctypes.c_int64, ctypes.c_float
+_SIGNATURES = {
+    "vo_version": (_I32, []),
+    "vo_isa": (_I32, []),
+    "vo_workspace_bytes": (_I64, [ctypes.POINTER(VoStack), _I64]),
+    "vo_stack_forward": (_I32, [ctypes.POINTER(VoStack), P, _I32, _I32, P, ctypes.POINTER(VoMat), P]),
+    "vo_talker_step": (_I32, [ctypes.POINTER(VoStack), ctypes.POINTER(VoMat), P, _I32, P, P]),
+    "vo_predictor_frame": (_I32, [
+        ctypes.POINTER(VoStack), ctypes.POINTER(VoMat), _I32, P, _I64, ctypes.POINTER(VoMat), P, P, P,
+        _I32, _F32, _I32, P, P, P, P,
+    ]),
+    "vo_read_bandwidth": (ctypes.c_double, [_I64, _I32, _I32]),
+}
+FMT_CODES = {"fp32": 0, "int8": 1, "int4": 2}
+
+_LIBS: dict[str, ctypes.CDLL] = {}
+
+
+def load(variant: str = "native") -> ctypes.CDLL:
+    """The loaded library for ``variant`` (built on first use)."""
+    if variant in _LIBS:
+        return _LIBS[variant]
+    if "torch" not in sys.modules:
+        # torch ships its own libgomp; importing it first keeps one OpenMP runtime per process.
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            pass
+    path = build(variant)
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise NativeBuildError(f"loading {path} failed: {exc}") from exc
+    for name, (res, args) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+    _LIBS[variant] = lib
+    return lib
+
+
+def isa(variant: str = "native") -> str:
+    """The instruction-set path the library for ``variant`` was compiled with."""
+    return ISA_NAMES[load(variant).vo_isa()]

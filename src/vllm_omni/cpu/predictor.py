@@ -1,0 +1,188 @@
+"""The fused code predictor: one native call runs the 15 passes of a frame.
+
+``FusedPredictor(weights, fmt)`` packs the predictor's weights once (merged QKV, merged
+gate/up, ``fmt`` = fp32, int8 or int4, see ``vllm_omni.cpu.quant``), preallocates a static
+16-slot KV cache and every buffer, and runs a whole frame -- 2-token prefill, 14 one-token
+passes, 15 heads, sampling (greedy or top-k Gumbel-max from caller-provided uniforms) and the
+embedding sum -- inside one OpenMP parallel region of ``csrc/vo_kernels.cpp``.
+
+Semantics are those of ``vllm_omni.cpu.reference.ReferencePredictor``; the tests compare the
+two. ``NativeStack`` (the packed decoder stack with its cache) is shared with the fused talker.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import torch
+from torch import Tensor
+
+from vllm_omni.cpu import native
+from vllm_omni.cpu.quant import QuantMatrix, check_format, quantize
+from vllm_omni.cpu.reference import rope_tables
+from vllm_omni.cpu.weights import BlockWeights, PredictorWeights
+from vllm_omni.models.spec import StackSpec
+
+
+def default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def vo_mat(m: QuantMatrix) -> native.VoMat:
+    return native.VoMat(m.data.data_ptr(), 0 if m.scale is None else m.scale.data_ptr(), m.rows, m.cols)
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class NativeStack:
+    """A decoder stack packed for the native kernels, with its KV cache and workspace."""
+
+    def __init__(self, layers: list[BlockWeights], norm: Tensor, stack: StackSpec, fmt: str, threads: int | None,
+                 max_positions: int, extra_len: int = 0, variant: str = "native"):
+        self.fmt, self.stack, self.max_positions = check_format(fmt), stack, max_positions
+        self.lib = native.load(variant)
+        self.threads = default_threads() if threads is None else int(threads)
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        s = stack
+        self._keep: list[object] = []
+        self.k_cache, self.v_cache = [], []
+        self.c_layers = (native.VoLayer * len(layers))()
+        self.bytes = 0
+        for i, w in enumerate(layers):
+            qkv = quantize(torch.cat([w.q_proj, w.k_proj, w.v_proj]), fmt)
+            o = quantize(w.o_proj, fmt)
+            gu = quantize(torch.cat([w.gate_proj, w.up_proj]), fmt)
+            down = quantize(w.down_proj, fmt)
+            norms = [w.input_norm.float().contiguous(), w.post_norm.float().contiguous(),
+                     w.q_norm.float().contiguous(), w.k_norm.float().contiguous()]
+            kc = torch.zeros(s.kv_heads, max_positions, s.head_dim)
+            vc = torch.zeros_like(kc)
+            self.k_cache.append(kc)
+            self.v_cache.append(vc)
+            self._keep += [qkv, o, gu, down, norms]
+            self.bytes += sum(m.nbytes for m in (qkv, o, gu, down)) + sum(n.numel() * 4 for n in norms)
+            self.c_layers[i] = native.VoLayer(
+                norms[0].data_ptr(), norms[1].data_ptr(), norms[2].data_ptr(), norms[3].data_ptr(),
+                vo_mat(qkv), vo_mat(o), vo_mat(gu), vo_mat(down), kc.data_ptr(), vc.data_ptr(),
+            )
+        self.norm = norm.float().contiguous()
+        self.bytes += self.norm.numel() * 4
+        cos, sin = rope_tables(torch.arange(max_positions), s.head_dim, s.rope_theta, torch.float32)
+        self.rope_cos = cos[:, : s.head_dim // 2].contiguous()
+        self.rope_sin = sin[:, : s.head_dim // 2].contiguous()
+        self.c = native.VoStack(
+            native.FMT_CODES[fmt], len(layers), s.hidden, s.intermediate, s.heads, s.kv_heads, s.head_dim,
+            max_positions, self.threads, s.rms_eps, self.c_layers, self.norm.data_ptr(),
+            self.rope_cos.data_ptr(), self.rope_sin.data_ptr(), None, 0,
+        )
+        nbytes = self.lib.vo_workspace_bytes(ctypes.byref(self.c), int(extra_len))
+        self.workspace = torch.empty(nbytes + 64, dtype=torch.uint8)
+        addr = self.workspace.data_ptr()
+        self.c.ws = (addr + 63) // 64 * 64
+        self.c.ws_bytes = nbytes
+
+    def set_threads(self, threads: int) -> None:
+        self.threads = self.c.threads = int(threads)
+
+    def forward(self, x: Tensor, pos0: int, head: QuantMatrix | None = None) -> tuple[Tensor, Tensor | None]:
+        """Run ``x`` [T, H] (T <= 2) at positions pos0..; (final-normed hidden [T, H], logits of the last or None)."""
+        x = x.float().contiguous()
+        t = x.shape[0]
+        out = torch.empty(t, self.stack.hidden)
+        logits = None if head is None else torch.empty(head.rows)
+        hm = None if head is None else ctypes.byref(vo_mat(head))
+        rc = self.lib.vo_stack_forward(ctypes.byref(self.c), x.data_ptr(), t, int(pos0), out.data_ptr(), hm,
+                                       _ptr(logits))
+        if rc != 0:
+            raise RuntimeError(f"vo_stack_forward failed ({rc}): T={t}, pos0={pos0}, max_positions={self.max_positions}")
+        return out, logits
+
+    def fill_cache(self, length: int, seed: int = 0) -> None:
+        """Fill the first ``length`` cache positions with random K/V (benchmark set-up)."""
+        g = torch.Generator().manual_seed(seed)
+        for kc, vc in zip(self.k_cache, self.v_cache):
+            kc[:, :length] = torch.randn(kc.shape[0], length, kc.shape[2], generator=g)
+            vc[:, :length] = torch.randn(vc.shape[0], length, vc.shape[2], generator=g)
+
+
+class FusedPredictor:
+    """The code predictor as one native call per frame (see the module doc)."""
+
+    def __init__(self, weights: PredictorWeights, fmt: str = "fp32", threads: int | None = None,
+                 variant: str = "native"):
+        self.spec, self.fmt = weights.spec, check_format(fmt)
+        spec = weights.spec
+        self.groups, self.vocab, self.ht = spec.residual_codebooks, spec.codebook_size, spec.talker.hidden
+        self.native = NativeStack(weights.layers, weights.norm, spec.predictor, fmt, threads,
+                                  max_positions=spec.num_code_groups, extra_len=max(3 * self.vocab, self.ht),
+                                  variant=variant)
+        self.lib = self.native.lib
+        self.heads = [quantize(weights.lm_head[i], fmt) for i in range(self.groups)]
+        self.c_heads = (native.VoMat * self.groups)(*[vo_mat(h) for h in self.heads])
+        self.embedding = weights.codec_embedding.float().contiguous()
+        self.proj = self.proj_bias = None
+        if weights.proj_weight is not None:
+            self.proj = quantize(weights.proj_weight, fmt)
+            self.proj_bias = weights.proj_bias.float().contiguous()
+        self.c_proj = vo_mat(self.proj) if self.proj is not None else native.VoMat(None, None, 0, 0)
+        self._codes = torch.empty(self.groups, dtype=torch.int64)
+        self._sum = torch.empty(self.ht)
+        self._logits = torch.empty(self.groups, self.vocab)
+        self._gumbel = torch.empty(self.groups, self.vocab)
+
+    @property
+    def threads(self) -> int:
+        return self.native.threads
+
+    def set_threads(self, threads: int) -> None:
+        self.native.set_threads(threads)
+
+    def frame(self, past_hidden: Tensor, c0_embed: Tensor, *, greedy: bool = True, temperature: float = 0.9,
+              top_k: int = 50, uniforms: Tensor | None = None, return_logits: bool = False):
+        """(codes int64 [15], embed_sum [H_t]) -- and the 15 logit rows when ``return_logits``.
+
+        Sampling as in the reference: argmax when ``greedy``; otherwise Gumbel-max over the
+        top-k of ``logits / temperature`` with noise ``-log(-log(uniforms))`` ([15, 2048]).
+        """
+        ph = past_hidden.float().contiguous()
+        c0 = c0_embed.float().contiguous()
+        if ph.shape != (self.ht,) or c0.shape != (self.ht,):
+            raise ValueError(f"past_hidden and c0_embed must be [{self.ht}]")
+        gptr = None
+        if not greedy:
+            if uniforms is None:
+                raise ValueError("sampling needs uniforms [15, 2048]")
+            torch.neg(torch.log(torch.neg(torch.log(uniforms.float()))), out=self._gumbel)
+            gptr = self._gumbel.data_ptr()
+        rc = self.lib.vo_predictor_frame(
+            ctypes.byref(self.native.c), self.c_heads, self.groups, self.embedding.data_ptr(), self.ht,
+            ctypes.byref(self.c_proj), _ptr(self.proj_bias), ph.data_ptr(), c0.data_ptr(), int(bool(greedy)),
+            float(temperature), int(top_k), gptr, self._codes.data_ptr(), self._sum.data_ptr(),
+            self._logits.data_ptr() if return_logits else None,
+        )
+        if rc != 0:
+            raise RuntimeError(f"vo_predictor_frame failed ({rc})")
+        out = (self._codes.clone(), self._sum.clone())
+        return out + (self._logits.clone(),) if return_logits else out
+
+    def pass_once(self, x: Tensor | None = None, *, position: int = 8, head: int = 0) -> Tensor:
+        """One single-token pass (5 layers, final norm, ``lm_head[head]``) at ``position``; its logits.
+
+        For timing a single pass: the cache keeps whatever earlier frames left in it.
+        """
+        if x is None:
+            x = torch.zeros(1, self.spec.predictor.hidden)
+        _, logits = self.native.forward(x.reshape(1, -1), position, self.heads[head])
+        return logits
+
+    @property
+    def pass_bytes(self) -> int:
+        """Weight bytes one pass reads as packed here (blocks + norm + one head)."""
+        return self.native.bytes + self.heads[0].nbytes

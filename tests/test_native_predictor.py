@@ -1,0 +1,242 @@
+"""The native kernels against the eager reference: fused predictor frame, single pass, talker step.
+
+Tolerances, and why:
+
+- fp32: the kernels and torch sum in different orders (vector FMAs vs MKL), so logits and
+  hidden states differ by float rounding only (observed ~2e-6 on logits of magnitude ~3); we
+  allow 1e-4 absolute + 1e-4 relative. Greedy codes must be identical: the top-2 gap of these
+  random weights is ~0.1, five orders above that rounding.
+- int8/int4: the kernels quantize activations to int8 in blocks of 32 (scale max|x|/127) and
+  use integer dot products, so against a reference running the *dequantized* weights in fp32
+  the only extra error is activation rounding (~0.4 % per element), compounded over 5 blocks:
+  observed ~1.3 % of the largest logit. We allow 5 % of the largest |logit| (max error) and
+  1 % (mean error); codes may then differ where two logits are closer than that, so codes
+  are compared only for fp32.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from vllm_omni.cpu.quant import dequantized_weights  # noqa: E402
+from vllm_omni.cpu.reference import ReferencePredictor, ReferenceTalker  # noqa: E402
+from vllm_omni.cpu.sampler import draw_uniforms  # noqa: E402
+from vllm_omni.cpu.weights import random_predictor_weights, random_talker_weights  # noqa: E402
+from vllm_omni.models import MODELS  # noqa: E402
+
+SPEC = MODELS["0.6B"]
+FP32_ATOL = 1e-4
+FP32_RTOL = 1e-4
+QUANT_MAX_REL = 0.05
+QUANT_MEAN_REL = 0.01
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return random_predictor_weights(SPEC, seed=0)  # the full 5-layer stack
+
+
+@pytest.fixture(scope="module")
+def fused_fp32(weights):
+    from vllm_omni.cpu.predictor import FusedPredictor
+
+    # one thread: on a shared 2-core machine a second, descheduled thread makes every barrier
+    # wait for a time slice (test_thread_count_does_not_change_results covers 2 threads)
+    return FusedPredictor(weights, "fp32", threads=1)
+
+
+@pytest.fixture(scope="module")
+def reference(weights):
+    return ReferencePredictor(weights, "fp32")
+
+
+def inputs(seed: int, h: int = SPEC.talker.hidden):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(h, generator=g), torch.randn(h, generator=g) * 0.5
+
+
+@torch.inference_mode()
+def teacher_forced_logits(ref: ReferencePredictor, weights, ph, c0, codes):
+    """The reference's 15 logit rows when fed the given codes (the fused frame's choices)."""
+    st = ref.stack
+    st.clear()
+    x = ref._input(torch.stack([ph, c0]))
+    rows = []
+    for k in range(1, 16):
+        h = st.forward_last(x)
+        rows.append(ref.heads[k - 1](h)[0].float())
+        x = ref._input(weights.codec_embedding[k - 1, codes[k - 1]][None])
+    return torch.stack(rows)
+
+
+def test_native_library_builds_and_reports_its_isa():
+    from vllm_omni.cpu import native
+
+    assert native.isa() in native.ISA_NAMES.values()
+    assert native.load().vo_version() >= 1
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fp32_greedy_codes_identical_to_reference(seed, fused_fp32, reference):
+    ph, c0 = inputs(seed)
+    ref_codes, ref_sum = reference.frame(ph, c0)
+    codes, emb_sum = fused_fp32.frame(ph, c0)
+    assert codes.dtype == torch.int64 and codes.shape == (15,)
+    assert codes.tolist() == ref_codes.tolist()
+    torch.testing.assert_close(emb_sum, ref_sum, atol=1e-5, rtol=1e-6)
+
+
+def test_fp32_logits_match_reference(weights, fused_fp32, reference):
+    ph, c0 = inputs(100)
+    codes, _, logits = fused_fp32.frame(ph, c0, return_logits=True)
+    ref = teacher_forced_logits(reference, weights, ph, c0, codes)
+    torch.testing.assert_close(logits, ref, atol=FP32_ATOL, rtol=FP32_RTOL)
+
+
+@pytest.mark.parametrize("seed, temperature, top_k", [(0, 0.9, 50), (1, 1.3, 5), (2, 0.7, 2048)])
+def test_sampled_codes_identical_given_uniforms(seed, temperature, top_k, fused_fp32, reference):
+    ph, c0 = inputs(50 + seed)
+    u = draw_uniforms(torch.Generator().manual_seed(seed), 15, 2048)
+    ref_codes, ref_sum = reference.frame(ph, c0, greedy=False, temperature=temperature, top_k=top_k, uniforms=u)
+    codes, emb_sum = fused_fp32.frame(ph, c0, greedy=False, temperature=temperature, top_k=top_k, uniforms=u)
+    assert codes.tolist() == ref_codes.tolist()
+    torch.testing.assert_close(emb_sum, ref_sum, atol=1e-5, rtol=1e-6)
+    with pytest.raises(ValueError):
+        fused_fp32.frame(ph, c0, greedy=False)
+
+
+def test_single_pass_matches_reference(weights, fused_fp32, reference):
+    g = torch.Generator().manual_seed(7)
+    prefix = torch.randn(6, 1024, generator=g) * 0.5
+    x = torch.randn(1, 1024, generator=g) * 0.5
+    # fill the fused cache through the same positions with the same inputs
+    for pos in range(6):
+        fused_fp32.native.forward(prefix[pos:pos + 1], pos)
+    logits = fused_fp32.pass_once(x, position=6, head=3)
+    with torch.inference_mode():
+        reference.stack.clear()
+        reference.stack.forward_last(prefix)
+        ref = reference.heads[3](reference.stack.forward_last(x))[0]
+    torch.testing.assert_close(logits, ref, atol=FP32_ATOL, rtol=FP32_RTOL)
+
+
+def test_thread_count_does_not_change_results(weights, fused_fp32):
+    ph, c0 = inputs(3)
+    fused_fp32.set_threads(1)
+    one = fused_fp32.frame(ph, c0, return_logits=True)
+    fused_fp32.set_threads(2)
+    two = fused_fp32.frame(ph, c0, return_logits=True)
+    assert one[0].tolist() == two[0].tolist()
+    assert torch.equal(one[2], two[2])  # rows are split across threads, each dot is unchanged
+
+
+def _rel_errors(got, ref):
+    scale = ref.abs().max()
+    diff = (got - ref).abs()
+    return float(diff.max() / scale), float(diff.mean() / scale)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_quantized_frame_matches_reference_on_dequantized_weights(fmt):
+    from vllm_omni.cpu.predictor import FusedPredictor
+
+    weights = random_predictor_weights(SPEC, seed=2, layers=2)  # 2 of 5 blocks keep packing fast
+
+    fused = FusedPredictor(weights, fmt, threads=1)
+    ref = ReferencePredictor(dequantized_weights(weights, fmt), "fp32")
+    for seed in range(2):
+        ph, c0 = inputs(seed)
+        codes, emb_sum, logits = fused.frame(ph, c0, return_logits=True)
+        expect = teacher_forced_logits(ref, ref.weights, ph, c0, codes)
+        mx, mean = _rel_errors(logits, expect)
+        assert mx < QUANT_MAX_REL and mean < QUANT_MEAN_REL, (fmt, mx, mean)
+        # the embedding sum follows the fused codes exactly
+        want = c0 + sum(weights.codec_embedding[k, codes[k]] for k in range(15))
+        torch.testing.assert_close(emb_sum, want, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["avx2", "generic"])
+@pytest.mark.parametrize("fmt", ["fp32", "int8", "int4"])
+def test_fallback_instruction_sets_agree(variant, fmt):
+    """The AVX2 and plain-C builds compute what the host build computes (1-layer stack)."""
+    from vllm_omni.cpu.predictor import FusedPredictor
+
+    w = random_predictor_weights(SPEC, seed=4, layers=1)
+    ph, c0 = inputs(9)
+    host = FusedPredictor(w, fmt, threads=1).frame(ph, c0, return_logits=True)
+    other = FusedPredictor(w, fmt, threads=1, variant=variant).frame(ph, c0, return_logits=True)
+    if fmt == "fp32":
+        assert other[0].tolist() == host[0].tolist()
+        torch.testing.assert_close(other[2], host[2], atol=FP32_ATOL, rtol=FP32_RTOL)
+    else:
+        # Builds differ in FMA contraction of the scalar float code; an activation value on a
+        # rounding boundary can then land on the neighbouring int8 step, so only the first
+        # pass (which does not depend on earlier codes) is compared, at 1 % of the largest logit.
+        mx, mean = _rel_errors(other[2][0], host[2][0])
+        assert mx < 0.01 and mean < 0.001, (mx, mean)
+
+
+def test_projection_path_of_the_larger_model():
+    """1.7B: inputs are talker-width (2048) and go through small_to_mtp_projection (1 layer)."""
+    from vllm_omni.cpu.predictor import FusedPredictor
+
+    spec = MODELS["1.7B"]
+    w = random_predictor_weights(spec, seed=1, layers=1)
+    fused = FusedPredictor(w, "fp32", threads=1)
+    ref = ReferencePredictor(w, "fp32")
+    for seed in range(2):
+        ph, c0 = inputs(seed, spec.talker.hidden)
+        ref_codes, ref_sum = ref.frame(ph, c0)
+        codes, emb_sum = fused.frame(ph, c0)
+        assert codes.tolist() == ref_codes.tolist()
+        torch.testing.assert_close(emb_sum, ref_sum, atol=1e-4, rtol=1e-5)
+
+
+# --- talker ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def talker_weights():
+    return random_talker_weights(SPEC, seed=0, layers=2)
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "int8", "int4"])
+def test_fused_talker_step_matches_reference(fmt, talker_weights):
+    from vllm_omni.cpu.fused_talker import FusedTalker
+
+    fused = FusedTalker(talker_weights, fmt, threads=1, max_positions=32)
+    ref = ReferenceTalker(dequantized_weights(talker_weights, fmt), "fp32")
+    g = torch.Generator().manual_seed(11)
+    xs = [torch.randn(1024, generator=g) * 0.5 for _ in range(6)]
+    for x in xs:
+        want_logits, want_hidden = ref.step(x)
+        logits, hidden = fused.step(x)
+        assert logits.shape == (3072,) and hidden.shape == (1024,)
+        if fmt == "fp32":
+            torch.testing.assert_close(logits, want_logits, atol=FP32_ATOL, rtol=FP32_RTOL)
+            torch.testing.assert_close(hidden, want_hidden, atol=FP32_ATOL, rtol=FP32_RTOL)
+        else:
+            for got, want in ((logits, want_logits), (hidden, want_hidden)):
+                mx, mean = _rel_errors(got, want)
+                assert mx < QUANT_MAX_REL and mean < QUANT_MEAN_REL, (fmt, mx, mean)
+    assert fused.position == 6
+    # reset: the same first step again
+    fused.reset()
+    again, _ = fused.step(xs[0])
+    first, _ = FusedTalker(talker_weights, fmt, threads=2, max_positions=32).step(xs[0])
+    torch.testing.assert_close(again, first, atol=1e-6, rtol=1e-6)
+
+
+def test_fused_talker_prefill_and_bounds(talker_weights):
+    from vllm_omni.cpu.fused_talker import FusedTalker
+
+    t = FusedTalker(talker_weights, "int4", threads=2, max_positions=16)
+    t.prefill_random(15)
+    assert t.position == 15
+    logits, _ = t.step(torch.zeros(1024))
+    assert torch.isfinite(logits).all()
+    with pytest.raises(RuntimeError):
+        t.step(torch.zeros(1024))
+    with pytest.raises(ValueError):
+        t.prefill_random(16)
