@@ -52,9 +52,7 @@ def render_directive(artifacts: dict[str, Artifact], d: Directive, page: str, wh
 
 def render_value(art: Artifact, d: Directive, link: str) -> str:
     row_key: str | int = d.options["row"]
-    if isinstance(row_key, str) and row_key.lstrip("-").isdigit() and art.columns[0].type == "number":
-        row_key = int(row_key)
-    elif isinstance(row_key, str) and row_key.startswith("#") and row_key[1:].isdigit():
+    if row_key.startswith("#") and row_key[1:].isdigit():
         row_key = int(row_key[1:])  # "#2" picks the third row by position
     col = art.columns[art.column_index(d.options["col"])]
     value = art.value(row_key, col.name)
