@@ -13,7 +13,6 @@ two. ``NativeStack`` (the packed decoder stack with its cache) is shared with th
 from __future__ import annotations
 
 import ctypes
-import os
 
 import torch
 from torch import Tensor
@@ -23,13 +22,11 @@ from vllm_omni.cpu.quant import QuantMatrix, check_format, quantize
 from vllm_omni.cpu.reference import rope_tables
 from vllm_omni.cpu.weights import BlockWeights, PredictorWeights
 from vllm_omni.models.spec import StackSpec
+from vllm_omni.results.provenance import usable_cpus
 
 
 def default_threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    return usable_cpus()
 
 
 def vo_mat(m: QuantMatrix) -> native.VoMat:
