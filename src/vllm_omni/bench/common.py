@@ -43,6 +43,13 @@ def resolve_threads(threads: int | None) -> int:
     return threads or provenance.usable_cpus()
 
 
+def set_threads(threads: int) -> None:
+    """Give torch's intra-op pool ``threads`` threads (torch is imported only here, lazily)."""
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 def time_calls(fn: Callable[[], Any], *, repeats: int, warmup: int = 1, progress: str | None = None) -> list[float]:
     """Wall times in ms of ``repeats`` calls after ``warmup`` calls (progress bar on a TTY)."""
     for _ in range(warmup):

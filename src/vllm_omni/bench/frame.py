@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_omni.bench.common import add_common, resolve_threads, write_measured
+from vllm_omni.bench.common import add_common, resolve_threads, set_threads, write_measured
 from vllm_omni.bench.talker import (
     add_model_args,
     bandwidth_floor,
@@ -13,7 +13,6 @@ from vllm_omni.bench.talker import (
     build_talker,
     id_suffix,
     ratio,
-    set_threads,
     talker_bytes,
     talker_layers,
 )

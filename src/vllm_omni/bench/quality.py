@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_omni.bench.common import BenchError, add_output, resolve_threads, write_measured
+from vllm_omni.bench.common import BenchError, add_output, resolve_threads, set_threads, write_measured
 
 SEEDS = tuple(range(12))
 # (implementation, weight format); the eager fp32 reference is the baseline.
@@ -60,15 +60,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from vllm_omni.cpu.predictor import FusedPredictor
     from vllm_omni.cpu.reference import ReferencePredictor
     from vllm_omni.cpu.weights import random_predictor_weights
     from vllm_omni.models import get_model
 
     threads = resolve_threads(args.threads)
-    torch.set_num_threads(threads)
+    set_threads(threads)
     spec = get_model(args.model)
     seeds = SEEDS[:3] if args.quick else SEEDS
     weights = random_predictor_weights(spec, seed=args.seed)

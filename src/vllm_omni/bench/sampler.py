@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_omni.bench.common import add_common, median, resolve_threads, write_measured
-from vllm_omni.bench.talker import set_threads
+from vllm_omni.bench.common import add_common, median, resolve_threads, set_threads, write_measured
 
 HISTORY = 64  # generated ids before the timed calls: the repetition penalty has work to do
 

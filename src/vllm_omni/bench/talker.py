@@ -7,10 +7,9 @@ Also holds the pieces the ``frame`` benchmark shares: building a talker or predi
 from __future__ import annotations
 
 import argparse
-import importlib
 from typing import Any
 
-from vllm_omni.bench.common import BenchError, add_common, median, resolve_threads, time_calls, write_measured
+from vllm_omni.bench.common import BenchError, add_common, median, resolve_threads, set_threads, time_calls, write_measured
 from vllm_omni.models import get_model
 from vllm_omni.models.counts import layer_bytes, talker_frame_bytes
 
@@ -31,28 +30,16 @@ def talker_layers(args: argparse.Namespace) -> int:
     return n
 
 
-def set_threads(threads: int) -> None:
-    import torch
-
-    torch.set_num_threads(threads)
-
-
-def _fused(module: str, cls: str) -> Any:
-    try:
-        return getattr(importlib.import_module(module), cls)
-    except (ImportError, AttributeError) as exc:
-        raise BenchError(f"--impl fused needs {module}.{cls}, which is not available here ({exc})") from None
-
-
 def build_talker(args: argparse.Namespace, threads: int) -> tuple[Any, Any]:
     """(talker, its TalkerWeights) for ``args.impl`` and ``args.weights``."""
     from vllm_omni.cpu.weights import random_talker_weights
 
     w = random_talker_weights(get_model(args.model), seed=args.seed, layers=talker_layers(args))
     if args.impl == "fused":
-        cls = _fused("vllm_omni.cpu.fused_talker", "FusedTalker")
+        from vllm_omni.cpu.fused_talker import FusedTalker
+
         try:
-            return cls(w, fmt=args.weights, threads=threads), w
+            return FusedTalker(w, fmt=args.weights, threads=threads), w
         except (ValueError, NotImplementedError, RuntimeError, OSError) as exc:
             raise BenchError(f"FusedTalker cannot run --weights {args.weights}: {exc}") from None
     from vllm_omni.cpu.reference import ReferenceTalker
@@ -65,9 +52,10 @@ def build_predictor(args: argparse.Namespace, threads: int) -> Any:
 
     w = random_predictor_weights(get_model(args.model), seed=args.seed)
     if args.impl == "fused":
-        cls = _fused("vllm_omni.cpu.predictor", "FusedPredictor")
+        from vllm_omni.cpu.predictor import FusedPredictor
+
         try:
-            return cls(w, fmt=args.weights, threads=threads)
+            return FusedPredictor(w, fmt=args.weights, threads=threads)
         except (ValueError, NotImplementedError, RuntimeError, OSError) as exc:
             raise BenchError(f"FusedPredictor cannot run --weights {args.weights}: {exc}") from None
     from vllm_omni.cpu.reference import ReferencePredictor
@@ -87,14 +75,10 @@ def talker_bytes(model: str, fmt: str, layers: int) -> int:
     return talker_frame_bytes(spec, fmt) - (spec.talker.layers - layers) * layer_bytes(spec.talker, fmt)
 
 
-# --- coupling to vllm_omni.cpu.bandwidth (optional; columns stay null without it) ---------------
-
 def bandwidth_floor(nbytes: int, threads: int, quick: bool) -> tuple[float | None, float | None]:
-    """(floor ms to read ``nbytes`` once, measured read GB/s), or (None, None) if unavailable."""
-    try:
-        from vllm_omni.cpu.bandwidth import measure_read_bandwidth
-    except ImportError:
-        return None, None
+    """(floor ms to read ``nbytes`` once, read GB/s measured now at ``threads``)."""
+    from vllm_omni.cpu.bandwidth import measure_read_bandwidth
+
     gbps = float(measure_read_bandwidth(threads, quick))
     return nbytes / (gbps * 1e9) * 1e3, gbps
 
