@@ -107,6 +107,35 @@ def test_sampled_codes_identical_given_uniforms(seed, temperature, top_k, fused_
         fused_fp32.frame(ph, c0, greedy=False)
 
 
+@pytest.mark.parametrize("seed", [0, 3, 11])
+def test_sampled_codes_identical_given_noise_key(seed, fused_fp32, reference):
+    """The kernel computes counter-based noise for the top-k ids only; the reference builds the
+    whole [15, 2048] grid from the same key: the codes must be the same."""
+    from vllm_omni.cpu.sampler import frame_noise_key
+
+    ph, c0 = inputs(80 + seed)
+    key = frame_noise_key(seed, 5)
+    ref_codes, ref_sum = reference.frame(ph, c0, greedy=False, noise_key=key)
+    codes, emb_sum = fused_fp32.frame(ph, c0, greedy=False, noise_key=key)
+    assert codes.tolist() == ref_codes.tolist()
+    torch.testing.assert_close(emb_sum, ref_sum, atol=1e-5, rtol=1e-6)
+    other, _ = fused_fp32.frame(ph, c0, greedy=False, noise_key=frame_noise_key(seed, 6))
+    assert other.tolist() != codes.tolist()  # a different frame draws different noise
+
+
+def test_native_counter_uniforms_match_python():
+    import ctypes
+
+    from vllm_omni.cpu import native
+    from vllm_omni.cpu.sampler import counter_uniforms
+
+    lib = native.load()
+    for key in (0, 1, (7 << 32) | 3, (1 << 64) - 1):
+        out = torch.empty(15 * 2048)
+        lib.vo_counter_uniforms(ctypes.c_uint64(key), ctypes.c_uint64(0), out.numel(), out.data_ptr())
+        assert torch.equal(out.view(15, 2048), counter_uniforms(key)), key
+
+
 def test_single_pass_matches_reference(weights, fused_fp32, reference):
     g = torch.Generator().manual_seed(7)
     prefix = torch.randn(6, 1024, generator=g) * 0.5

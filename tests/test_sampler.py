@@ -111,3 +111,22 @@ def test_sampler_benchmark_quick_writes_artifact(tmp_path):
     data = json.loads((tmp_path / "cpu-path" / "sampler-t1-quick.json").read_text())
     assert data["origin"] == "measured" and len(data["rows"]) == 3
     assert "peak_rss_mib" in data["provenance"]["run"]
+
+
+def test_counter_uniforms_are_open_unit_interval_and_uniform():
+    u = sm.counter_uniforms(sm.frame_noise_key(0, 0))
+    assert u.shape == (15, 2048) and u.dtype == torch.float32
+    assert float(u.min()) > 0.0 and float(u.max()) < 1.0
+    # 30720 draws: mean 0.5 +- 3 sigma (sigma = 1/sqrt(12 n) ~ 0.0016); deciles near 0.1 apart
+    assert abs(float(u.mean()) - 0.5) < 0.005
+    hist = torch.histc(u, bins=10, min=0.0, max=1.0) / u.numel()
+    assert torch.all((hist - 0.1).abs() < 0.01), hist
+
+
+def test_counter_uniforms_depend_on_key_and_are_reproducible():
+    a = sm.counter_uniforms(sm.frame_noise_key(1, 2))
+    assert torch.equal(a, sm.counter_uniforms(sm.frame_noise_key(1, 2)))
+    assert not torch.equal(a, sm.counter_uniforms(sm.frame_noise_key(1, 3)))
+    assert not torch.equal(a, sm.counter_uniforms(sm.frame_noise_key(2, 2)))
+    with pytest.raises(ValueError, match="uint64"):
+        sm.counter_uniforms(-1)

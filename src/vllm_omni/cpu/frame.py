@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from vllm_omni.cpu.sampler import draw_uniforms
+from vllm_omni.cpu.sampler import frame_noise_key
 from vllm_omni.cpu.weights import EMBED_STD
 
 SYNC_ENV = "VLLM_OMNI_STEP_STATS_SYNC"
@@ -86,8 +86,10 @@ class FrameLoop:
     """Runs frames through a talker, a talker sampler and a predictor, timing each part.
 
     ``codec_embedding`` is the talker's table [3072, H] (looked up for c0). Residual codes are
-    sampled (``predictor_greedy=False``, the reference default) with uniforms drawn from a
-    generator seeded by ``seed``; that draw is counted as sampler time.
+    sampled (``predictor_greedy=False``, the reference default) with counter-based noise keyed by
+    ``(seed, frame)`` (``sampler.frame_noise_key``): the predictor computes the uniforms it
+    needs from the key, inside its own timed region, so no per-frame draw of 15 x 2048 uniforms
+    remains in the sampler's time.
     """
 
     def __init__(self, talker: Talker, predictor: Predictor, sampler: Sampler, codec_embedding: Tensor, *,
@@ -112,7 +114,6 @@ class FrameLoop:
     def run(self, frames: int, *, stop_at_eos: bool = True) -> FrameResult:
         """Run up to ``frames`` frames; with ``stop_at_eos`` the EOS frame ends and is dropped."""
         text = self.text_terms(frames)
-        noise = torch.Generator().manual_seed(self.seed)
         x = self.codec_embedding[BOS_ID] + text[0]
         rows: list[Tensor] = []
         result = FrameResult(codes=torch.empty(0, 16, dtype=torch.int64))
@@ -121,14 +122,14 @@ class FrameLoop:
             logits, hidden = self.talker.step(x)
             t1 = self._now()
             c0 = self.sampler.sample(logits)
-            uniforms = None if self.greedy else draw_uniforms(noise)
+            noise_key = None if self.greedy else frame_noise_key(self.seed, t)
             t2 = self._now()
             if stop_at_eos and c0 == self.eos_id:
                 result.stopped_at_eos = True
                 break
             c0_embed = self.codec_embedding[c0]
             t3 = self._now()
-            codes, embed_sum = self.predictor.frame(hidden, c0_embed, greedy=self.greedy, uniforms=uniforms)
+            codes, embed_sum = self.predictor.frame(hidden, c0_embed, greedy=self.greedy, noise_key=noise_key)
             t4 = self._now()
             rows.append(torch.cat([torch.tensor([c0]), codes.to(torch.int64)]))
             x = embed_sum + text[t + 1] if t + 1 < frames else embed_sum

@@ -165,8 +165,9 @@ _SIGNATURES = {
     "vo_talker_step": (_I32, [ctypes.POINTER(VoStack), ctypes.POINTER(VoMat), P, _I32, P, P]),
     "vo_predictor_frame": (_I32, [
         ctypes.POINTER(VoStack), ctypes.POINTER(VoMat), _I32, P, _I64, ctypes.POINTER(VoMat), P, P, P,
-        _I32, _F32, _I32, P, P, P, P,
+        _I32, _F32, _I32, P, ctypes.c_uint64, P, P, P,
     ]),
+    "vo_counter_uniforms": (None, [ctypes.c_uint64, ctypes.c_uint64, _I64, P]),
     "vo_read_bandwidth": (ctypes.c_double, [_I64, _I32, _I32]),
 }
 FMT_CODES = {"fp32": 0, "int8": 1, "int4": 2}

@@ -132,7 +132,7 @@ class FusedPredictor:
         self._codes = torch.empty(self.groups, dtype=torch.int64)
         self._sum = torch.empty(self.ht)
         self._logits = torch.empty(self.groups, self.vocab)
-        self._gumbel = torch.empty(self.groups, self.vocab)
+        self._uniforms = torch.empty(self.groups, self.vocab)
 
     @property
     def threads(self) -> int:
@@ -142,26 +142,37 @@ class FusedPredictor:
         self.native.set_threads(threads)
 
     def frame(self, past_hidden: Tensor, c0_embed: Tensor, *, greedy: bool = True, temperature: float = 0.9,
-              top_k: int = 50, uniforms: Tensor | None = None, return_logits: bool = False):
+              top_k: int = 50, uniforms: Tensor | None = None, noise_key: int | None = None,
+              return_logits: bool = False):
         """(codes int64 [15], embed_sum [H_t]) -- and the 15 logit rows when ``return_logits``.
 
         Sampling as in the reference: argmax when ``greedy``; otherwise Gumbel-max over the
-        top-k of ``logits / temperature`` with noise ``-log(-log(uniforms))`` ([15, 2048]).
+        top-k of ``logits / temperature`` with noise ``-log(-log(u))``, where ``u`` is
+        ``uniforms`` ([15, 2048]) or the counter-based uniforms of ``noise_key``
+        (``sampler.counter_uniforms``). Either way the kernel evaluates the noise for the
+        top-k entries only.
         """
         ph = past_hidden.float().contiguous()
         c0 = c0_embed.float().contiguous()
         if ph.shape != (self.ht,) or c0.shape != (self.ht,):
             raise ValueError(f"past_hidden and c0_embed must be [{self.ht}]")
-        gptr = None
+        uptr, key = None, 0
         if not greedy:
-            if uniforms is None:
-                raise ValueError("sampling needs uniforms [15, 2048]")
-            torch.neg(torch.log(torch.neg(torch.log(uniforms.float()))), out=self._gumbel)
-            gptr = self._gumbel.data_ptr()
+            if uniforms is not None:
+                if uniforms.shape != (self.groups, self.vocab):
+                    raise ValueError(f"uniforms must be [{self.groups}, {self.vocab}], got {list(uniforms.shape)}")
+                self._uniforms.copy_(uniforms)
+                uptr = self._uniforms.data_ptr()
+            elif noise_key is not None:
+                if not 0 <= noise_key < 1 << 64:
+                    raise ValueError(f"noise_key must be a uint64, got {noise_key}")
+                key = noise_key
+            else:
+                raise ValueError("sampling needs uniforms [15, 2048] or a noise_key")
         rc = self.lib.vo_predictor_frame(
             ctypes.byref(self.native.c), self.c_heads, self.groups, self.embedding.data_ptr(), self.ht,
             ctypes.byref(self.c_proj), _ptr(self.proj_bias), ph.data_ptr(), c0.data_ptr(), int(bool(greedy)),
-            float(temperature), int(top_k), gptr, self._codes.data_ptr(), self._sum.data_ptr(),
+            float(temperature), int(top_k), uptr, key, self._codes.data_ptr(), self._sum.data_ptr(),
             self._logits.data_ptr() if return_logits else None,
         )
         if rc != 0:

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vllm_omni.cpu.sampler import draw_uniforms, residual_choice
+from vllm_omni.cpu.sampler import counter_uniforms, draw_uniforms, residual_choice
 from vllm_omni.cpu.weights import EMBED_STD, BlockWeights, PredictorWeights, TalkerWeights
 from vllm_omni.models.spec import StackSpec
 
@@ -259,17 +259,20 @@ class ReferencePredictor:
         temperature: float = 0.9,
         top_k: int = 50,
         uniforms: Tensor | None = None,
+        noise_key: int | None = None,
         seed: int = 0,
     ) -> tuple[Tensor, Tensor]:
         """(codes int64 [15] = c1..c15, embed_sum [H_t] = c0_embed + sum of their embeddings).
 
         Sampling is argmax when ``greedy``; otherwise Gumbel-max over the top-k of
-        logits/temperature with noise ``-log(-log(uniforms[k-1]))`` (``uniforms`` [15, 2048],
-        drawn from ``torch.Generator().manual_seed(seed)`` when not given).
+        logits/temperature with noise ``-log(-log(uniforms[k-1]))``. ``uniforms`` [15, 2048] are
+        given, or stand for ``noise_key`` (``counter_uniforms``), or are drawn from
+        ``torch.Generator().manual_seed(seed)``.
         """
         n, table = self.spec.residual_codebooks, self.weights.codec_embedding
         if not greedy and uniforms is None:
-            uniforms = draw_uniforms(torch.Generator().manual_seed(seed), n, self.spec.codebook_size)
+            uniforms = (counter_uniforms(noise_key, n, self.spec.codebook_size) if noise_key is not None
+                        else draw_uniforms(torch.Generator().manual_seed(seed), n, self.spec.codebook_size))
         self.stack.clear()
         self.trace = []
         x = self._input(torch.stack([past_hidden, c0_embed]))

@@ -35,6 +35,35 @@ def draw_uniforms(generator: torch.Generator, groups: int = 15, size: int = 2048
     return torch.rand(groups, size, generator=generator)
 
 
+# Counter-based noise: the uniform of (key, index) is a pure function, so a kernel can compute it
+# for the 50 top-k ids only instead of drawing all 15 x 2048 uniforms per frame. The function is
+# splitmix64's finaliser over ``key + (index + 1) * golden``; the top 23 bits give
+# ``(2m + 1) / 2**24``, exactly representable in float32 and never 0 or 1. The native kernel
+# (csrc/vo_kernels.cpp, ``counter_uniform``) computes the same bits; tests check they agree.
+_GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_U64 = (1 << 64) - 1
+
+
+def frame_noise_key(seed: int, frame: int) -> int:
+    """The noise key of frame ``frame`` of a run seeded with ``seed`` (a uint64)."""
+    return ((seed & 0xFFFFFFFF) << 32 | (frame & 0xFFFFFFFF)) & _U64
+
+
+def counter_uniforms(key: int, groups: int = 15, size: int = 2048) -> Tensor:
+    """The uniforms [groups, size] that noise key ``key`` stands for (index = group * size + id)."""
+    import numpy as np
+
+    if not 0 <= key <= _U64:
+        raise ValueError(f"noise key must be a uint64, got {key}")
+    with np.errstate(over="ignore"):
+        z = np.uint64(key) + (np.arange(groups * size, dtype=np.uint64) + np.uint64(1)) * np.uint64(_GOLDEN)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
+        z ^= z >> np.uint64(31)
+    u = ((z >> np.uint64(41)).astype(np.float64) * 2 + 1) / float(1 << 24)
+    return torch.from_numpy(u.astype(np.float32).reshape(groups, size))
+
+
 def residual_choice(logits: Tensor, *, greedy: bool, temperature: float = 0.9, top_k: int = 50,
                     uniforms: Tensor | None = None) -> int:
     """One residual code: argmax, or Gumbel-max over the top-k of ``logits / temperature``.

@@ -590,10 +590,20 @@ void layer_forward(const VoStack& st, const VoLayer& L, Work& W, int T, int pos0
 
 // ---------------------------------------------------------------------------------------------
 // Sampling of one residual code from logits[n]: greedy argmax, or temperature -> top-k ->
-// argmax(scaled + gumbel) over the kept entries (gumbel = -log(-log(u)), precomputed).
+// argmax(scaled + gumbel) over the kept entries, gumbel = -log(-log(u)) computed for the kept
+// entries only. u comes from `uniforms` (indexed by id) or, when `uniforms` is NULL, from the
+// counter-based generator at index noise_base + id (the same bits as sampler.counter_uniforms).
 
-int64_t sample(const float* logits, int64_t n, int greedy, float temperature, int top_k, const float* gumbel,
-               float* scratch) {
+inline float counter_uniform(uint64_t key, uint64_t index) {
+    uint64_t z = key + (index + 1) * 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    return (float)((double)((z >> 41) * 2 + 1) / 16777216.0);
+}
+
+int64_t sample(const float* logits, int64_t n, int greedy, float temperature, int top_k, const float* uniforms,
+               uint64_t noise_key, uint64_t noise_base, float* scratch) {
     if (greedy) {
         int64_t best = 0;
         for (int64_t i = 1; i < n; ++i)
@@ -612,7 +622,8 @@ int64_t sample(const float* logits, int64_t n, int greedy, float temperature, in
     float bv = -std::numeric_limits<float>::infinity();
     for (int64_t i = 0; i < n; ++i) {
         if (scratch[i] < thresh) continue;
-        float v = scratch[i] + gumbel[i];
+        const float u = uniforms ? uniforms[i] : counter_uniform(noise_key, noise_base + (uint64_t)i);
+        const float v = scratch[i] + -std::log(-std::log(u));
         if (best < 0 || v > bv) {
             bv = v;
             best = i;
@@ -637,7 +648,12 @@ int run_threads(const VoStack& st) { return st.threads > 0 ? st.threads : omp_ge
 
 extern "C" {
 
-int32_t vo_version() { return 3; }
+int32_t vo_version() { return 4; }
+
+// The counter-based uniforms of key at indices index0 .. index0 + n - 1 (for tests).
+void vo_counter_uniforms(uint64_t key, uint64_t index0, int64_t n, float* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = counter_uniform(key, index0 + (uint64_t)i);
+}
 
 int32_t vo_isa() {
 #if defined(VO_AVX512VNNI)
@@ -709,12 +725,14 @@ int32_t vo_talker_step(const VoStack* stp, const VoMat* head, const float* x, in
 //   emb               fp32 [G, V, Ht] codec embedding tables
 //   proj, proj_bias   optional [H, Ht] projection (proj->w == NULL for identity, Ht == H)
 //   past_hidden, c0_embed  [Ht]
-//   gumbel            [G, V] noise (sampled mode) or NULL
+//   uniforms          [G, V] uniforms (sampled mode), or NULL to use the counter-based noise of
+//                     noise_key at index (k - 1) * V + id; ignored when greedy
 //   codes_out         int64 [G]; embed_sum_out [Ht]; logits_out [G, V] (all logits, or NULL)
 int32_t vo_predictor_frame(const VoStack* stp, const VoMat* heads, int32_t G, const float* emb, int64_t Ht,
                            const VoMat* proj, const float* proj_bias, const float* past_hidden,
                            const float* c0_embed, int32_t greedy, float temperature, int32_t top_k,
-                           const float* gumbel, int64_t* codes_out, float* embed_sum_out, float* logits_out) {
+                           const float* uniforms, uint64_t noise_key, int64_t* codes_out, float* embed_sum_out,
+                           float* logits_out) {
     const VoStack& st = *stp;
     const int64_t H = st.hidden;
     const int64_t V = heads[0].rows;
@@ -722,7 +740,6 @@ int32_t vo_predictor_frame(const VoStack* stp, const VoMat* heads, int32_t G, co
     if (!stack_ok(st) || G + 1 > st.max_pos) return -1;
     if (!has_proj && Ht != H) return -2;
     if (has_proj && (proj->rows != H || proj->cols != Ht || Ht % 64)) return -2;
-    if (!greedy && !gumbel) return -3;
     Work W;
     const int64_t extra_len = std::max<int64_t>(3 * V, Ht);
     layout(st, extra_len, &W);
@@ -775,8 +792,9 @@ int32_t vo_predictor_frame(const VoStack* stp, const VoMat* heads, int32_t G, co
             gemv(st.fmt, heads[k - 1], W, 1, logits_buf, V, OUT_STORE);
 #pragma omp single
             {
-                code = sample(logits_buf, V, greedy, temperature, top_k, gumbel ? gumbel + (int64_t)(k - 1) * V : nullptr,
-                              samp_scratch);
+                code = sample(logits_buf, V, greedy, temperature, top_k,
+                              uniforms ? uniforms + (int64_t)(k - 1) * V : nullptr, noise_key,
+                              (uint64_t)(k - 1) * (uint64_t)V, samp_scratch);
                 codes_out[k - 1] = code;
                 if (logits_out) std::memcpy(logits_out + (int64_t)(k - 1) * V, logits_buf, sizeof(float) * V);
                 const float* e = emb + ((int64_t)(k - 1) * V + code) * Ht;
