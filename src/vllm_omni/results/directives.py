@@ -1,10 +1,14 @@
 """The page directives that pull figures out of artifacts.
 
-Two forms, both HTML comments so that an unprocessed page shows nothing rather than a
+Three forms, all HTML comments so that an unprocessed page shows nothing rather than a
 wrong number (and the build checks that none survive):
 
 * ``<!-- table: <id> [columns="a,b"] -->`` on a line of its own: the whole table plus a
   caption linking to the artifact's page.
+* ``<!-- chart: <id> [kind=bar|hbar|line] x="<col>" y="<col>,<col>" [series="<col>"]
+  [rows="<key>,#N"] [title=".."] [ylabel=".."] [logy=yes] [ref=80] [ymax=100] -->`` on a
+  line of its own: the same figures drawn as an inline SVG (``vllm_omni.results.charts``),
+  with the same caption.
 * ``<!-- value: <id> row="<first-column value or index>" col="<column>" [fmt=".1f"] [unit=no] -->``
   anywhere in prose: one figure, linked to the artifact's page.
 
@@ -20,11 +24,15 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 DIRECTIVE_RE = re.compile(r"<!--\s*([a-z][a-z-]*):\s*(.*?)\s*-->")
-OURS = ("table", "value")
+OURS = ("table", "value", "chart")
+OWN_LINE = ("table", "chart")  # block directives: alone on their line
 # Sybil's comment directives, and other comment forms the pages may use on purpose.
 FOREIGN = ("skip", "clear-namespace", "invisible-code-block", "sybil", "codeblock")
 TABLE_OPTIONS = ("columns",)
 VALUE_OPTIONS = ("row", "col", "fmt", "unit")
+CHART_OPTIONS = ("kind", "x", "y", "series", "rows", "title", "ylabel", "logy", "ref", "ymax")
+CHART_KINDS = ("bar", "hbar", "line")
+_OPTIONS = {"table": TABLE_OPTIONS, "value": VALUE_OPTIONS, "chart": CHART_OPTIONS}
 _FENCE_RE = re.compile(r"^\s*(`{3,}|~{3,})")
 _CODE_SPAN_RE = re.compile(r"(`+)(.+?)\1")
 
@@ -56,20 +64,49 @@ def parse(name: str, body: str, where: str) -> Directive:
     if not tokens:
         raise DirectiveError(f"{where}: '<!-- {name}: -->' needs an artifact id")
     artifact_id, rest = tokens[0], tokens[1:]
-    allowed = TABLE_OPTIONS if name == "table" else VALUE_OPTIONS
+    allowed = _OPTIONS[name]
     options: dict[str, str] = {}
     for tok in rest:
         key, eq, value = tok.partition("=")
         if not eq or key not in allowed:
             raise DirectiveError(
-                f"{where}: option {tok!r} of '<!-- {name}: -->' is not one of {', '.join(a + '=' for a in allowed)}"
+                f"{where}: option {tok!r} of '<!-- {name}: {body} -->' is not one of "
+                f"{', '.join(a + '=' for a in allowed)}"
             )
         options[key] = value
     if name == "value":
         for key in ("row", "col"):
             if key not in options:
                 raise DirectiveError(f"{where}: '<!-- value: {artifact_id} -->' needs {key}=")
+    if name == "chart":
+        _check_chart(options, f"{where}: '<!-- {name}: {body} -->'")
     return Directive(name, artifact_id, options)
+
+
+def split_list(value: str) -> list[str]:
+    """``"a, b,c"`` -> ``["a", "b", "c"]``: the comma lists of ``columns=``, ``y=`` and ``rows=``."""
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _check_chart(options: dict[str, str], where: str) -> None:
+    """What a chart directive can be checked for without its artifact."""
+    for key in ("x", "y"):
+        if not options.get(key, "").strip():
+            raise DirectiveError(f"{where}: a chart needs {key}=\"<column>\"")
+    kind = options.setdefault("kind", "bar")
+    if kind not in CHART_KINDS:
+        raise DirectiveError(f"{where}: kind={kind!r} is not one of {', '.join(CHART_KINDS)}")
+    if options.get("logy", "no") not in ("yes", "no"):
+        raise DirectiveError(f"{where}: logy={options['logy']!r} must be yes or no")
+    for key in ("ref", "ymax"):
+        if key in options:
+            try:
+                float(options[key])
+            except ValueError:
+                raise DirectiveError(f"{where}: {key}={options[key]!r} is not a number") from None
+    if "series" in options and len(split_list(options["y"])) != 1:
+        raise DirectiveError(f"{where}: series= groups the rows of one y= column; y= names "
+                             f"{len(split_list(options['y']))}")
 
 
 def outside_code(lines: list[str]) -> Iterator[tuple[int, str]]:
@@ -106,7 +143,7 @@ def find(markdown: str, where: str) -> list[Directive]:
 def substitute(markdown: str, where: str, render: Callable[[Directive, bool, str], str]) -> str:
     """Replace every directive outside code by ``render(directive, own_line, location)``.
 
-    A table directive must stand on its own line.
+    A table or chart directive must stand on its own line.
     """
     lines = markdown.split("\n")
     for i, line in outside_code(lines):
@@ -118,9 +155,10 @@ def substitute(markdown: str, where: str, render: Callable[[Directive, bool, str
             if m.group(1) in FOREIGN or _in_code_span(line, m.start()):
                 return m.group(0)
             d = parse(m.group(1), m.group(2), location)
+            d.text = m.group(0)
             own_line = line.strip() == m.group(0)
-            if d.name == "table" and not own_line:
-                raise DirectiveError(f"{location}: '<!-- table: -->' must be on a line of its own")
+            if d.name in OWN_LINE and not own_line:
+                raise DirectiveError(f"{location}: '<!-- {d.name}: -->' must be on a line of its own")
             return render(d, own_line, location)
 
         lines[i] = DIRECTIVE_RE.sub(repl, line)

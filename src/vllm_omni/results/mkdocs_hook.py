@@ -1,4 +1,4 @@
-"""MkDocs hook: tables and figures from ``results/``, and one generated page per artifact.
+"""MkDocs hook: tables, charts and figures from ``results/``, and one generated page per artifact.
 
 Registered in ``mkdocs.yml`` under ``hooks:``. Every failure (a malformed artifact, an
 unknown id, a typo in a directive, a directive left in the output) raises ``PluginError``
@@ -15,12 +15,12 @@ from mkdocs.exceptions import PluginError
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files, InclusionLevel
 
-from vllm_omni.results import directives, site
+from vllm_omni.results import charts, directives, site
 from vllm_omni.results.schema import Artifact, ArtifactError
 from vllm_omni.results.store import load_all
 
 _state: dict = {"artifacts": {}, "citations": {}}
-_LEFTOVER_RE = re.compile(r"<!--\s*(table|value):")
+_LEFTOVER_RE = re.compile(r"<!--\s*(table|value|chart):")
 _H1_RE = re.compile(r"^#\s+(.+?)\s*$", re.M)
 
 
@@ -77,10 +77,14 @@ def on_files(files: Files, config) -> Files:
 def on_page_markdown(markdown: str, page, config, files) -> str:
     src = page.file.src_uri
     artifacts = _state["artifacts"]
+
+    def render(d: directives.Directive, _own: bool, where: str) -> str:
+        if d.name == "chart":  # drawn with matplotlib, imported on the first chart
+            return charts.render_directive(artifacts, d, src, where)
+        return site.render_directive(artifacts, d, src, where)
+
     try:
-        return directives.substitute(
-            markdown, f"docs/{src}", lambda d, _own, where: site.render_directive(artifacts, d, src, where)
-        )
+        return directives.substitute(markdown, f"docs/{src}", render)
     except directives.DirectiveError as exc:
         raise PluginError(str(exc)) from None
 
