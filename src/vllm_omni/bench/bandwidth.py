@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
         rows=rows,
         model=None, weights=None, quantization=None, threads=top,
         source="vllm-omni-bench bandwidth",
+        compare={"tolerance": 0.15, "key_columns": ["threads"], "columns": ["best"]},
         notes=("Best of several sweeps over a "
                + ("256 MiB" if args.quick else "1 GiB")
                + " buffer; GB/s = 1e9 B/s. 'best' is the floor's denominator: the larger of a native "

@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         quantization=args.weights,
         threads=threads,
         source=f"vllm-omni-bench frame ({args.impl})",
+        compare={"tolerance": 0.15, "key_columns": ["component"], "columns": ["median", "share of frame", "measured / floor"]},
         run={
             "rtf": round(total / spec.frame_ms, 3),
             "sampler_share": round(m.sampler_ms / total, 4),

@@ -35,5 +35,6 @@ def run(args: argparse.Namespace) -> int:
               ["device memory", round(r["memory_gib"], 1), "GiB"]],
         model=None, weights="random", quantization="bf16", threads=None,
         source="vllm-omni-bench gpu-matmul",
+        compare={"tolerance": 0.10, "key_columns": ["measurement"], "columns": ["value"]},
     )
     return 0

@@ -185,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
         quantization=args.weights,
         threads=",".join(str(t) for t in counts),
         source=f"vllm-omni-bench predictor ({args.impl})",
+        compare={"tolerance": 0.15, "key_columns": ["impl", "weights", "threads"],
+                 "columns": ["pass median", "frame median", "pass / floor", "frame pass / floor"]},
         run={"bytes_per_pass": nbytes, "read_bandwidth_gbps": bandwidth, "native_isa": isa() if "fused" in impls else None,
              "rounds": rounds, "pass_repeats_per_round": pass_reps, "frame_repeats_per_round": frame_reps,
              "pass_kv_position": PASS_POSITION, "reference_over_fused_pass": ref_vs_fused},

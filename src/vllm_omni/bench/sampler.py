@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         quantization=None,
         threads=threads,
         source="vllm-omni-bench sampler",
+        compare={"tolerance": 0.25, "key_columns": ["sampler"], "columns": ["median"]},
         run={"eager_over_fast": round(ms["eager"] / ms["fast"], 2), "history_before_timing": HISTORY},
         notes=("Talker sampler: temperature 0.9, top-k 50, top-p 1.0, repetition penalty 1.05 over a "
                f"3072-entry vocabulary with {HISTORY}+ generated ids, codebook-0 mask. Eager and fast "

@@ -135,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         quantization=args.weights,
         threads=threads,
         source=f"vllm-omni-bench talker ({args.impl})",
+        compare={"tolerance": 0.15, "key_columns": ["layers"], "columns": ["median", "measured / floor"]},
         run={"read_bandwidth_gbps": gbps, "torch_threads": torch.get_num_threads()},
         notes=("Random weights of the published shapes: speed does not depend on weight values. "
                "Each timed step appends to the KV cache, so the KV length grows by one per step."

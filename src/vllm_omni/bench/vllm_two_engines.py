@@ -143,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
         model="tiny random-weight Qwen3 (vllm_omni.testing.tiny_qwen3, 2 layers, hidden 128)",
         weights="random, seed 0", quantization="fp32", threads=len(os.sched_getaffinity(0)),
         source="vllm-omni-bench vllm-two-engines",
+        compare={"tolerance": 0.01, "key_columns": ["stage"], "columns": ["kv asked", "kv after startup", "kv blocks", "tokens"]},
         notes=(f"VLLM_CPU_KVCACHE_SPACE={args.env_kv_gib or 'unset'} for the whole process; worker cores disjoint: "
                f"{disjoint}; explicit KV budgets kept: {honoured}. Worker CPUs are the union of the affinities "
                "of the worker process's threads. Random weights: timings describe vLLM's fixed overheads."),

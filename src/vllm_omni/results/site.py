@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import shlex
 from typing import Any, Iterable
 
 from .directives import Directive, DirectiveError
@@ -120,6 +121,7 @@ def artifact_page(art: Artifact, cited_by: Iterable[tuple[str, str]]) -> str:
             f"({prov['source']}). There is no command to rerun; the raw captures are not public.",
             "",
         ]
+    lines += check_yourself(art)
     cited = sorted(set(cited_by))
     lines += ["## Cited by", ""]
     if cited:
@@ -128,6 +130,87 @@ def artifact_page(art: Artifact, cited_by: Iterable[tuple[str, str]]) -> str:
         lines.append("No page cites this artifact yet.")
     lines.append("")
     return "\n".join(lines)
+
+
+SCRATCH_ENV = "VLLM_OMNI_RESULTS_DIR"
+
+
+def rerun_command(art: Artifact) -> str | None:
+    """The command that regenerates ``art``, as a reader types it: from the recorded argv when
+    there is one (the console script by name, any ``--output`` dropped), else the recorded
+    command; None for transcribed artifacts."""
+    prov = art.provenance
+    argv = prov.get("argv")
+    if argv:
+        words = list(argv)
+        if posixpath.basename(words[0]) == "vllm-omni-bench":
+            words[0] = "vllm-omni-bench"
+        out: list[str] = []
+        skip = False
+        for w in words:
+            if skip:
+                skip = False
+                continue
+            if w == "--output":
+                skip = True
+                continue
+            if w.startswith("--output="):
+                continue
+            out.append(w)
+        return shlex.join(out)
+    return prov["command"]
+
+
+def check_yourself(art: Artifact) -> list[str]:
+    """The "Check this yourself" section: rerun into a scratch folder, then compare."""
+    from vllm_omni.bench.compare import BenchError, check_command, format_tolerance, resolve
+
+    lines = ["## Check this yourself", ""]
+    command = rerun_command(art)
+    if command is None:
+        lines += [
+            "There is no run to repeat: every figure here was carried over from the study's text, and "
+            f"the provenance names the place (*{_prov_value(art.provenance['source'])}*). Check each cell "
+            "against that section of the source; the study's raw captures are not public. Where the study does arithmetic with "
+            "these figures, `vllm-omni-bench audit` redoes it and the claims audit (Analysis, Claims "
+            "audit) shows each claim with its verdict:",
+            "",
+            "```bash",
+            "vllm-omni-bench audit --no-write",
+            "```",
+            "",
+        ]
+        return lines
+    lines += [
+        f"Rerun the command with `{SCRATCH_ENV}` pointing at a scratch folder, so the published file "
+        "stays as it is, then compare the new file with this artifact:",
+        "",
+        "```bash",
+        f'export {SCRATCH_ENV}="$(mktemp -d)"',
+        command,
+        check_command(art, f"${SCRATCH_ENV}"),
+        "```",
+        "",
+    ]
+    try:
+        s = resolve(art)
+    except BenchError as exc:  # a compare block naming a missing column: say so rather than hide it
+        lines += [f"The artifact's compare settings are unusable: {exc}", ""]
+        return lines
+    keys = ", ".join(f"*{k}*" for k in s.key_columns) or "position"
+    lines += [
+        f"`compare` matches rows by {keys} ({s.key_source}), compares {', '.join(f'*{c}*' for c in s.columns)} "
+        f"({s.columns_source}) within ±{format_tolerance(s.tolerance)} ({s.tolerance_source}), and exits "
+        "with 0 when every cell passes, 1 when any fails and 2 for bad input.",
+        "",
+    ]
+    if art.origin == "measured":
+        lines += [
+            "The figures depend on the host: on a different machine expect the medians to move and the "
+            "ratios to travel better; `--tolerance` widens the check.",
+            "",
+        ]
+    return lines
 
 
 def index_page(artifacts: dict[str, Artifact], citations: dict[str, set[tuple[str, str]]]) -> str:

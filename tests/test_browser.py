@@ -1,0 +1,296 @@
+"""The built site in a real browser, and its links checked offline.
+
+The browser tests build the site with ``mkdocs build --strict`` into a temporary folder,
+serve it on 127.0.0.1 with Python's ``http.server``, and drive Debian's headless Chromium
+through chromedriver (Selenium). They check what a reader meets: generated tables on the key
+pages, every artifact link resolving, Material's search finding a figure, and no page asking
+for anything off the host. Without chromium, chromedriver or selenium they skip and say
+which is missing (``make test`` installs the Debian packages when it runs as root).
+
+The link check needs no browser: mkdocs-htmlproofer-plugin runs last in ``mkdocs.yml`` with
+external URLs off, and a small site with a broken anchor must fail to build.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urljoin, urlsplit
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+CHROME_FLAGS = (
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--no-default-browser-check",
+    "--disable-dev-shm-usage", "--disable-extensions", "--disable-default-apps",
+    "--disable-domain-reliability", "--disable-client-side-phishing-detection", "--window-size=1280,1000",
+    # Every host but the loopback is unresolvable: a stray request fails here and shows in the log.
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+)
+LOCAL_SCHEMES = ("data", "blob", "about", "chrome", "chrome-extension", "devtools")  # never leave the host
+
+
+def _which(names: tuple[str, ...], fallback: str) -> str | None:
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    return fallback if Path(fallback).is_file() else None
+
+
+def browser_missing() -> str | None:
+    """Why the browser tests cannot run here, or None."""
+    missing = []
+    if _which(BROWSERS, "/usr/bin/chromium") is None:
+        missing.append("chromium (Debian package chromium)")
+    if _which(("chromedriver",), "/usr/bin/chromedriver") is None:
+        missing.append("chromedriver (Debian package chromium-driver)")
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("selenium (the test extra)")
+    if missing:
+        return "needs " + ", ".join(missing) + "; `make test` installs them when run as root with apt-get"
+    return None
+
+
+def build_site(dest: Path) -> Path:
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-f", str(ROOT / "mkdocs.yml"), "-d", str(dest)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stderr[-4000:]}"
+    return dest
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        pass
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The strict build, served on a free port of 127.0.0.1; yields (base URL, site folder)."""
+    reason = browser_missing()
+    if reason:
+        pytest.skip(reason)
+    site = build_site(tmp_path_factory.mktemp("built") / "site")
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/", site
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser(served, tmp_path_factory):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = _which(BROWSERS, "/usr/bin/chromium")
+    for flag in CHROME_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
+    service = Service(executable_path=_which(("chromedriver",), "/usr/bin/chromedriver"))
+    driver = webdriver.Chrome(options=options, service=service)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def requests_seen(driver) -> list[str]:
+    """URLs the page asked for since the last call (Chrome DevTools Network events)."""
+    urls = []
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message.get("method") == "Network.requestWillBeSent":
+            urls.append(message["params"]["request"]["url"])
+    return urls
+
+
+def off_host(urls: list[str], base: str) -> list[str]:
+    host = urlsplit(base).netloc
+    return [u for u in urls if urlsplit(u).scheme not in LOCAL_SCHEMES and urlsplit(u).netloc != host]
+
+
+def visit(driver, url: str):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(url)
+    WebDriverWait(driver, 30).until(EC.presence_of_element_located((By.CSS_SELECTOR, "article.md-content__inner")))
+    return driver
+
+
+def status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def table_texts(driver) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [t.text for t in driver.find_elements(By.CSS_SELECTOR, "article table")]
+
+
+# --- what a reader sees -----------------------------------------------------------------------------
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("page", "must_show"),
+    [
+        ("edge/device-simulation/", ["Jetson AGX Orin 64 GB", "204.8"]),
+        ("edge/cpu-path/", ["code predictor loop (15 passes)", "97.1"]),
+        ("analysis/claims-audit/", ["s4", "cannot be checked"]),
+        ("artifacts/cpu-path/sampler-t2/", ["median (ms)"]),
+    ],
+)
+def test_key_pages_render_their_generated_tables(browser, served, page, must_show):
+    from selenium.webdriver.common.by import By
+
+    base, _site = served
+    visit(browser, base + page)
+    tables = table_texts(browser)
+    assert tables, f"{page}: no table rendered"
+    shown = "\n".join(tables)
+    for text in must_show:
+        if text == "s4":
+            text = "§4"
+        assert text in shown, f"{page}: {text!r} not in any table"
+    article = browser.find_element(By.CSS_SELECTOR, "article").text
+    assert "<!-- table:" not in article and "<!-- value:" not in article
+    if page.startswith("artifacts/"):
+        assert "Check this yourself" in article and "vllm-omni-bench compare" in article
+    else:  # each generated table is captioned with a link to its artifact page
+        links = [a.get_attribute("href") for a in browser.find_elements(By.CSS_SELECTOR, "article a[href*='/artifacts/']")]
+        assert links and all(status(link) == 200 for link in set(links))
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_every_artifact_page_and_raw_file_resolves(browser, served):
+    from selenium.webdriver.common.by import By
+
+    base, site = served
+    visit(browser, base + "artifacts/")
+    links = {a.get_attribute("href") for a in browser.find_elements(By.CSS_SELECTOR, "article table a[href]")}
+    published = site / "results"  # the copy of results/ this build was made from
+    expected = {p.relative_to(published).with_suffix("").as_posix() for p in published.rglob("*.json")}
+    assert len(expected) >= 30
+    assert len(links) == len(expected), "the artifacts index should link every file under results/"
+    for art_id in sorted(expected):
+        page = urljoin(base, f"artifacts/{art_id}/")
+        assert page in links, f"no link to {art_id} on the artifacts index"
+        assert status(page) == 200, page
+        with urllib.request.urlopen(urljoin(base, f"results/{art_id}.json"), timeout=30) as resp:
+            assert json.load(resp)["id"] == art_id
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_search_finds_a_figures_page(browser, served):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    base, _site = served
+    visit(browser, base)
+    shown = lambda d, css: next((e for e in d.find_elements(By.CSS_SELECTOR, css) if e.is_displayed()), None)  # noqa: E731
+    if shown(browser, "input.md-search__input") is None:  # narrow layouts hide the box behind an icon
+        shown(browser, "label[for='__search']").click()
+    box = WebDriverWait(browser, 30).until(lambda d: shown(d, "input.md-search__input"))
+    box.click()
+    box.send_keys("204.8")  # the Orin AGX bandwidth, a figure in the device-simulation tables
+    box.send_keys(Keys.SPACE)  # Material searches as one types; a key event after the figure triggers it
+
+    def hits(d):
+        found = [a.get_attribute("href") for a in d.find_elements(By.CSS_SELECTOR, ".md-search-result__item a")]
+        return found or None
+
+    found = WebDriverWait(browser, 30).until(hits)
+    assert any("device-simulation" in h for h in found), found
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_no_page_requests_anything_off_the_host(browser, served):
+    base, site = served
+    pages = sorted(p.parent.relative_to(site).as_posix() for p in site.rglob("index.html"))
+    assert len(pages) > 20
+    requests_seen(browser)  # drop what earlier tests left in the log
+    offenders: dict[str, list[str]] = {}
+    for page in pages:
+        url = base if page == "." else urljoin(base, page + "/")
+        visit(browser, url)
+        time.sleep(0.05)
+        bad = off_host(requests_seen(browser), base)
+        if bad:
+            offenders[page] = bad
+    assert not offenders, f"pages asked for off-host URLs: {offenders}"
+
+
+def test_off_host_filter():
+    base = "http://127.0.0.1:8123/"
+    assert off_host([base + "x.js", "data:image/png;base64,AA", "about:blank"], base) == []
+    assert off_host(["https://fonts.googleapis.com/css", "http://127.0.0.1:9999/"], base) == [
+        "https://fonts.googleapis.com/css", "http://127.0.0.1:9999/"]
+
+
+# --- links in the built HTML, offline -----------------------------------------------------------------
+
+def test_htmlproofer_is_the_last_plugin_and_stays_offline():
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("", lambda loader, suffix, node: None)  # !ENV and python tags
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)
+    last = config["plugins"][-1]
+    assert isinstance(last, dict) and "htmlproofer" in last
+    assert last["htmlproofer"]["validate_external_urls"] is False
+    assert last["htmlproofer"].get("raise_error") or last["htmlproofer"].get("raise_error_after_finish")
+
+
+def test_a_broken_link_fails_the_build(tmp_path):
+    pytest.importorskip("htmlproofer")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text("# Home\n\n## Figures\n\nSee [the figures](other.md#no-such-heading).\n")
+    (docs / "other.md").write_text("# Other\n\n## Figures\n")
+    (tmp_path / "mkdocs.yml").write_text(
+        "site_name: t\nplugins:\n  - htmlproofer:\n      validate_external_urls: false\n"
+        "      raise_error_after_finish: true\nvalidation:\n  anchors: info\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "-q", "-f", str(tmp_path / "mkdocs.yml")],
+        capture_output=True, text=True, timeout=120, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
+    )
+    assert proc.returncode != 0
+    assert "other.md#no-such-heading" in proc.stderr or "no-such-heading" in proc.stderr

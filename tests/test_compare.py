@@ -1,0 +1,348 @@
+"""`vllm-omni-bench compare`: pass, fail, bad input and exit codes; and the artifact pages'
+"Check this yourself" section that tells a reader how to use it."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from vllm_omni.bench import cli
+from vllm_omni.bench.compare import DEFAULT_TOLERANCE, compare, compare_cell, default_keys, resolve
+from vllm_omni.results import load_all, site, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+PUBLISHED = load_all()
+
+
+def measured(**over) -> dict:
+    """A small measured artifact: keyed by impl and threads, one median, one min, one ratio."""
+    data = {
+        "schema": 1,
+        "id": "bench/kernel",
+        "title": "A kernel",
+        "origin": "measured",
+        "provenance": {
+            "source": "test", "date": "2026-09-09",
+            "host": {"cpu": "test cpu", "cores_used": 2, "isa": None, "gpu": None, "memory_gib": None},
+            "model": None, "weights": None, "quantization": None, "threads": 2, "builds": {},
+            "command": "vllm-omni-bench kernel --threads 2",
+            "repo": {"sha": None, "dirty": None}, "packages": {},
+            "argv": [".venv/bin/vllm-omni-bench", "kernel", "--threads", "2", "--output", "/tmp/x"],
+        },
+        "columns": [
+            {"name": "impl", "unit": None, "type": "text"},
+            {"name": "threads", "unit": None, "type": "number"},
+            {"name": "median", "unit": "ms", "type": "number"},
+            {"name": "min", "unit": "ms", "type": "number"},
+            {"name": "measured / floor", "unit": None, "type": "number"},
+        ],
+        "rows": [["reference", 1, 10.0, 9.0, 4.0], ["fused", 1, 5.0, 4.5, 2.0], ["fused", 2, 3.0, 2.9, 1.2]],
+    }
+    data.update(over)
+    validate(data)
+    return data
+
+
+def write(root: Path, data: dict) -> Path:
+    path = root / f"{data['id']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    pub, new = tmp_path / "published" / "results", tmp_path / "new"
+    pub.mkdir(parents=True)
+    new.mkdir()
+    return pub, new
+
+
+def run(capsys, new_path, art_id, pub, *extra) -> tuple[int, str, str]:
+    rc = cli.main(["compare", str(new_path), art_id, "--published", str(pub), *extra])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def scaled(data: dict, factor: float, *, row: int | None = None, col: int = 2) -> dict:
+    data = copy.deepcopy(data)
+    for i, r in enumerate(data["rows"]):
+        if row is None or i == row:
+            r[col] = r[col] * factor
+    return data
+
+
+# --- pass and fail -------------------------------------------------------------------------------
+
+def test_within_tolerance_passes_and_shows_both_values_with_their_ratio(dirs, capsys):
+    pub, new = dirs
+    base = measured()
+    write(pub, base)
+    path = write(new, scaled(scaled(base, 1.10), 0.95, col=4))
+    rc, out, _ = run(capsys, path, "bench/kernel", pub)
+    assert rc == 0, out
+    assert "rows matched by: impl, threads (default" in out
+    assert "columns compared: median, measured / floor (default" in out  # min is left out: not a median
+    assert "tolerance: ±15 %" in out and "default for measured artifacts" in out
+    line = next(l for l in out.splitlines() if l.startswith("fused, 2") and "median" in l)
+    assert "3" in line and "3.3" in line and "1.100" in line and line.rstrip().endswith("pass")
+    assert out.rstrip().splitlines()[-1] == "PASS: 6 cells compared, 6 pass, 0 fail"
+
+
+def test_one_cell_outside_tolerance_fails_with_exit_1(dirs, capsys):
+    pub, new = dirs
+    base = measured()
+    write(pub, base)
+    path = write(new, scaled(base, 1.2, row=1))  # fused, 1 thread: 20 % slower
+    rc, out, _ = run(capsys, path, "bench/kernel", pub)
+    assert rc == 1
+    failing = [l for l in out.splitlines() if "FAIL (" in l]
+    assert len(failing) == 1 and failing[0].startswith("fused, 1") and "1.200" in failing[0]
+    assert out.rstrip().splitlines()[-1] == "FAIL: 6 cells compared, 5 pass, 1 fail"
+
+
+def test_artifact_compare_block_sets_keys_columns_and_tolerance(dirs, capsys):
+    pub, new = dirs
+    base = measured(compare={"tolerance": 0.5, "key_columns": ["impl", "threads"], "columns": ["min"]})
+    write(pub, base)
+    path = write(new, scaled(scaled(base, 3.0), 1.4, col=3))  # medians tripled (not compared), mins +40 %
+    rc, out, _ = run(capsys, path, "bench/kernel", pub)
+    assert rc == 0, out
+    assert "columns compared: min (from the artifact's compare block)" in out
+    assert "tolerance: ±50 % relative to the published value (from the artifact's compare block)" in out
+    rc, out, _ = run(capsys, path, "bench/kernel", pub, "--tolerance", "0.3")
+    assert rc == 1 and "given with --tolerance" in out
+
+
+def test_published_row_missing_from_new_run_fails(dirs, capsys):
+    pub, new = dirs
+    base = measured()
+    write(pub, base)
+    partial = copy.deepcopy(base)
+    partial["rows"] = partial["rows"][:2] + [["fused", 4, 2.0, 1.9, 0.9]]
+    path = write(new, partial)
+    rc, out, _ = run(capsys, path, "bench/kernel", pub)
+    assert rc == 1
+    assert "FAIL: published row fused, 2 has no counterpart in the new run" in out
+    assert "note: new row fused, 4 is not in the published artifact" in out
+
+
+def test_results_folder_stands_for_the_file(dirs, capsys):
+    pub, new = dirs
+    write(pub, measured())
+    write(new, measured())
+    rc, out, _ = run(capsys, new, "bench/kernel", pub)
+    assert rc == 0 and "PASS" in out
+
+
+@pytest.mark.parametrize(
+    ("published", "new", "ok"),
+    [(10.0, 11.4, True), (10.0, 11.6, False), (10.0, 8.6, True), (10.0, 8.4, False), (None, None, True),
+     (None, 1.0, False), (1.0, None, False), (0, 0, True), (0, 0.1, False), ("x", "x", True), ("x", "y", False),
+     (True, True, True), (True, False, False)],
+)
+def test_cell_rule(published, new, ok):
+    assert compare_cell(published, new, 0.15)[1] is ok
+
+
+def test_rows_without_keys_match_by_position():
+    data = measured(columns=[{"name": "layers", "unit": None, "type": "number"},
+                             {"name": "median", "unit": "ms", "type": "number"}],
+                    rows=[[28, 10.0]])
+    art = validate(data)
+    settings = resolve(art)
+    assert settings.key_columns == () and settings.columns == ("median",)
+    assert compare(validate(scaled(data, 1.1, col=1)), art, settings).ok
+
+
+# --- bad input: exit 2, one line naming the file and the field ------------------------------------
+
+def _one_line_error(rc: int, err: str, *needles: str) -> None:
+    assert rc == 2
+    err = err.strip()
+    assert err.startswith("vllm-omni-bench compare: error:") and "\n" not in err
+    for n in needles:
+        assert n in err, err
+
+
+def test_unknown_id(dirs, capsys):
+    pub, new = dirs
+    write(pub, measured())
+    rc, _, err = run(capsys, write(new, measured()), "bench/nope", pub)
+    _one_line_error(rc, err, "no artifact 'bench/nope'", "known: bench/kernel")
+
+
+def test_malformed_new_file(dirs, capsys):
+    pub, new = dirs
+    write(pub, measured())
+    bad = new / "bench" / "kernel.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"schema": 1,')
+    rc, _, err = run(capsys, bad, "bench/kernel", pub)
+    _one_line_error(rc, err, str(bad), "(json)", "invalid JSON")
+
+
+def test_invalid_new_artifact_names_the_field(dirs, capsys):
+    pub, new = dirs
+    write(pub, measured())
+    broken = measured()
+    broken["rows"][0][2] = "fast"
+    path = write(new, broken)
+    rc, _, err = run(capsys, path, "bench/kernel", pub)
+    _one_line_error(rc, err, str(path), "rows[0][2] (median)")
+
+
+def test_missing_new_file(dirs, capsys):
+    pub, new = dirs
+    write(pub, measured())
+    rc, _, err = run(capsys, new / "absent.json", "bench/kernel", pub)
+    _one_line_error(rc, err, "absent.json", "cannot read")
+
+
+def test_new_artifact_lacks_a_compared_column(dirs, capsys):
+    pub, new = dirs
+    write(pub, measured())
+    other = measured(columns=[{"name": "impl", "unit": None, "type": "text"},
+                              {"name": "threads", "unit": None, "type": "number"},
+                              {"name": "mean", "unit": "ms", "type": "number"}],
+                     rows=[["fused", 1, 5.0]])
+    rc, _, err = run(capsys, write(new, other), "bench/kernel", pub)
+    _one_line_error(rc, err, "no column 'median'")
+
+
+def test_no_matching_rows(dirs, capsys):
+    pub, new = dirs
+    write(pub, measured())
+    other = measured(rows=[["eager", 8, 1.0, 1.0, 1.0]])
+    rc, _, err = run(capsys, write(new, other), "bench/kernel", pub)
+    _one_line_error(rc, err, "no row matches", "impl, threads")
+
+
+def test_other_id_is_refused_unless_allowed(dirs, capsys):
+    pub, new = dirs
+    write(pub, measured())
+    path = write(new, measured(id="bench/other"))
+    rc, _, err = run(capsys, path, "bench/kernel", pub)
+    _one_line_error(rc, err, "'bench/other', not 'bench/kernel'", "--allow-other-id")
+    rc, out, _ = run(capsys, path, "bench/kernel", pub, "--allow-other-id")
+    assert rc == 0 and "PASS" in out
+
+
+def test_compare_block_naming_an_unknown_column(dirs, capsys):
+    pub, new = dirs
+    path = write(pub, measured(compare={"columns": ["p50"]}))
+    rc, _, err = run(capsys, write(new, measured()), "bench/kernel", pub)
+    _one_line_error(rc, err, str(path), "compare.columns", "no column 'p50'")
+
+
+def test_duplicate_keys_are_ambiguous(dirs, capsys):
+    pub, new = dirs
+    path = write(pub, measured(rows=[["fused", 1, 5.0, 4.5, 2.0], ["fused", 1, 6.0, 5.5, 2.2]],
+                               compare={"key_columns": ["impl", "threads"]}))
+    rc, _, err = run(capsys, write(new, measured()), "bench/kernel", pub)
+    _one_line_error(rc, err, str(path), "two rows share the key")
+
+
+@pytest.mark.parametrize("value", ["0", "-0.1", "nan"])
+def test_bad_tolerance(dirs, capsys, value):
+    pub, new = dirs
+    write(pub, measured())
+    rc, _, err = run(capsys, write(new, measured()), "bench/kernel", pub, "--tolerance", value)
+    _one_line_error(rc, err, "--tolerance must be a positive number")
+
+
+# --- the published artifacts ------------------------------------------------------------------------
+
+def test_compare_is_a_registered_subcommand():
+    assert "compare" in cli.SUBCOMMAND_MODULES
+
+
+@pytest.mark.parametrize("art_id", sorted(PUBLISHED))
+def test_every_published_artifact_compares_equal_to_itself(art_id):
+    art = PUBLISHED[art_id]
+    result = compare(art, art, resolve(art))
+    assert result.ok and result.cells and not result.missing
+
+
+def test_default_keys_skip_notes_and_host_specific_text():
+    assert default_keys(PUBLISHED["vllm/two-engines"]) == ("stage",)  # not 'worker cpus'
+    assert default_keys(PUBLISHED["cpu-path/frame-split-xeon"]) == ("component",)  # not 'note'
+    assert default_keys(PUBLISHED["cpu-path/predictor-both-int8-t1-2"]) == ("impl", "weights", "threads")
+    assert resolve(PUBLISHED["cpu-path/sampler-t2"]).columns == ("median",)
+    assert DEFAULT_TOLERANCE["computed"] < 1e-6
+
+
+def _compare_blocks() -> dict[str, dict]:
+    """The compare= literal of each benchmark module's write_measured call, by subcommand."""
+    blocks = {}
+    for path in sorted((ROOT / "src" / "vllm_omni" / "bench").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "write_measured":
+                for kw in node.keywords:
+                    if kw.arg == "compare":
+                        blocks[path.stem.replace("_", "-")] = ast.literal_eval(kw.value)
+    return blocks
+
+
+BLOCKS = _compare_blocks()
+
+
+def test_benchmarks_state_a_tolerance():
+    expected = {"bandwidth", "frame", "gpu-matmul", "predictor", "quality", "sampler", "talker", "vllm-two-engines"}
+    assert expected <= set(BLOCKS)
+    for name, block in BLOCKS.items():
+        assert 0 < block["tolerance"] <= 0.25, name
+
+
+@pytest.mark.parametrize(
+    "art_id", sorted(a for a, art in PUBLISHED.items() if art.origin == "measured" and art.provenance["argv"][1] in BLOCKS)
+)
+def test_benchmark_compare_blocks_fit_the_artifacts_they_write(art_id):
+    """A rerun's compare block must name columns the artifact has (checked on the committed files)."""
+    art = copy.copy(PUBLISHED[art_id])
+    art.compare = BLOCKS[art.provenance["argv"][1]]
+    settings = resolve(art)
+    assert settings.tolerance == art.compare["tolerance"]
+    assert compare(art, art, settings).ok
+
+
+# --- the "Check this yourself" section -------------------------------------------------------------
+
+def test_measured_page_reruns_into_a_scratch_folder_then_compares():
+    art = validate(measured())
+    assert site.rerun_command(art) == "vllm-omni-bench kernel --threads 2"  # --output dropped
+    text = "\n".join(site.check_yourself(art))
+    assert 'export VLLM_OMNI_RESULTS_DIR="$(mktemp -d)"' in text
+    assert 'vllm-omni-bench compare "$VLLM_OMNI_RESULTS_DIR/bench/kernel.json" bench/kernel' in text
+    assert "within ±15 % (default for measured artifacts)" in text
+
+
+def test_computed_page_uses_the_recorded_command():
+    text = "\n".join(site.check_yourself(PUBLISHED["audit/claims"]))
+    assert "\nvllm-omni-bench audit\n" in text
+    assert 'compare "$VLLM_OMNI_RESULTS_DIR/audit/claims.json" audit/claims' in text
+
+
+def test_transcribed_page_points_at_the_source_and_the_audit():
+    art = PUBLISHED["cpu-path/frame-split-xeon"]
+    text = "\n".join(site.check_yourself(art))
+    assert "no run to repeat" in text and "study summary §5.1" in text
+    assert "vllm-omni-bench audit --no-write" in text and "compare" not in text
+
+
+def test_artifact_page_has_the_section():
+    page = site.artifact_page(PUBLISHED["cpu-path/sampler-t2"], [])
+    assert "## Check this yourself" in page
+    assert "vllm-omni-bench sampler --threads 2" in page
+
+
+def test_default_keys_fall_back_when_labels_repeat():
+    data = measured(rows=[["fused", 1, 5.0, 4.5, 2.0], ["fused", 1, 6.0, 5.5, 2.2]])
+    art = validate(data)
+    assert default_keys(art) == ()  # by position
+    assert compare(art, art, resolve(art)).ok
