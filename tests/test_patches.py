@@ -110,6 +110,43 @@ def test_core_binding_refuses_when_binding_lists_are_gone(patches, monkeypatch):
     assert not patches.get("core_binding").applied
 
 
+def test_core_binding_is_all_or_nothing(patches, monkeypatch):
+    """The in-process half's target is missing: the cross-process half is not applied either."""
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    before = OMPProcessManager.__dict__["__init__"]
+    monkeypatch.delattr(CPUWorker, "__init__")
+    with pytest.raises(patches.PatchRefused, match="CPUWorker.__init__ does not exist"):
+        patches.get("core_binding").apply()
+    assert OMPProcessManager.__dict__["__init__"] is before and not patches.get("core_binding").applied
+
+
+def test_core_binding_refuses_when_vllm_binds_in_process_workers(patches, monkeypatch):
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    def _init_executor(self):
+        from vllm.utils.ompmultiprocessing import OMPProcessManager
+        with OMPProcessManager(self.vllm_config).configure_omp_envs(0, 0):
+            pass
+    monkeypatch.setattr(UniProcExecutor, "_init_executor", _init_executor)
+    with pytest.raises(patches.PatchRefused, match="UniProcExecutor now binds its worker's threads itself"):
+        patches.get("core_binding").apply()
+    assert not patches.get("core_binding").applied
+
+
+def test_core_binding_wraps_cpu_worker_init_transparently(patches):
+    """The wrapped CPUWorker.__init__ keeps its code visible (kv_budget reads it) and reverts."""
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    before = CPUWorker.__dict__["__init__"]
+    patches.get("core_binding").apply()
+    assert CPUWorker.__dict__["__init__"] is not before
+    assert patches.get("kv_budget").probe() is None  # still sees the gated free-memory check
+    patches.get("core_binding").revert()
+    assert CPUWorker.__dict__["__init__"] is before
+
+
 def test_kv_budget_refuses_when_worker_check_is_not_gated(patches, monkeypatch):
     from vllm.v1.worker.cpu_worker import CPUWorker
 

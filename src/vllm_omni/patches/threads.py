@@ -52,8 +52,10 @@ def real_set_num_threads():
 def torch_threads(n: int):
     """Run a block with ``n`` torch intra-op threads, then restore the previous count.
 
-    For a stage that shares its process with an in-process vLLM engine: torch's thread count
-    is process-wide, so set it around the stage's own work rather than once.
+    For a stage that shares its thread with an in-process vLLM engine. torch's count belongs
+    to the calling thread once that thread has used it (libgomp's ``omp_set_num_threads`` is
+    per thread), but a thread that has not used it yet starts from the last count set in any
+    thread; so set it around the stage's own work rather than once.
     """
     import torch
 
