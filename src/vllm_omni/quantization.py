@@ -19,27 +19,48 @@ implementation, so a compiled model sees one call), which picks:
 
 - **the project's native kernels** (:mod:`vllm_omni.cpu.native`, the row-parallel GEMV of
   the fused predictor and talker) for calls with at most :data:`NATIVE_MAX_ROWS` rows, i.e.
-  decode steps. The native library exports no stand-alone matrix product; the GEMV is
-  reached through ``vo_stack_forward`` with a stack of zero layers: the kernel applies its
-  final RMSNorm (weight 1, eps 0) and then the "head" matrix, which is the layer's packed
-  weight. Each row is therefore passed in scaled to unit RMS and the result scaled back, one
-  native call per row. Like in the predictor, the kernel quantizes the activation row to
-  int8 in blocks of 32 (one scale per block) and uses integer dot products, so results differ
-  from a float-activation matmul by that rounding (about 0.5 % relative on random data;
-  the tests bound it);
-- **a fallback** where the native GEMV does not serve the shape: calls with more than
-  ``NATIVE_MAX_ROWS`` rows (prefill chunks, where one weight pass per row would cost more
-  than a dequantize-and-matmul), int4 layers with more than 32768 inputs (the kernel's
-  ``Q4_MAX_GROUPS``), and every call when the native library cannot be built here (no C++
-  compiler) or fails a one-product self-test when it is loaded. The fallback is PyTorch's
-  ``aten._weight_int8pack_mm`` over the same int8 bytes and scales for int8, and a
+  decode steps. One call of the library's ``vo_linear`` per op call computes all M rows:
+  ``y[t, r] = x[t] . w[r]``, no norm, no bias, threads = ``torch.get_num_threads()``. Each
+  weight row is read once and dotted with every activation row while it is in L1. Like in the
+  predictor, the kernel quantizes each activation row to int8 in blocks of 32 (one scale per
+  block, amax / 127) and uses integer dot products, so results differ from a float-activation
+  matmul by that rounding (about 0.5 % relative on random data; the tests bound it).
+  The rounding cannot represent every row. Measured on the library's three instruction-set
+  paths: a NaN is lost (the block's amax skips it and it converts to the integer -127, so the
+  row's outputs stay finite), a block with an inf gives NaN (on the plain-C path an inf whose
+  sign ignores the input's), a row of fp32 values near 3e38 gives NaN where the float sum
+  overflows to inf, and a block whose amax is below about 3.7e-37 (where the reciprocal of
+  its scale overflows) has every value turned into -127 times that scale, flipping signs.
+  All-zero rows give exact zeros. So :func:`weight_only_linear` first takes the largest
+  ``|x|`` of each row (one reduction) and sends a call where some nonzero row's value is
+  NaN, inf, or outside :data:`ACT_RANGE` (``[2**-100, 2**100]``) to the fallback, which
+  behaves like a matmul there (NaN and inf propagate, tiny rows keep their values);
+- **a fallback** where the native GEMV does not serve the call: calls with more than
+  ``NATIVE_MAX_ROWS`` rows (prefill chunks), int4 layers with more than 32768 inputs (the
+  kernel's ``Q4_MAX_GROUPS``), layers whose input size is not a multiple of 64, activations
+  out of the kernel's range (above), and every call when the native library cannot be built
+  here (no C++ compiler) or fails a one-product self-test when it is loaded. The fallback is
+  PyTorch's ``aten._weight_int8pack_mm`` over the same int8 bytes and scales for int8, and a
   dequantize-then-``linear`` for int4. It uses float activations.
 
-:func:`kernel_calls` counts the calls per path in this process.
+Why prefill stays on the fallback: ``vo_linear`` is a row-parallel GEMV. It reuses each
+weight row across the M activation rows from L1, so the weight traffic does not grow with M,
+but the integer dot products do, one full pass over the row per activation row, with no
+blocking over M. The fallback is a GEMM (``_weight_int8pack_mm`` for int8, a float GEMM after
+dequantizing for int4), whose cost per row falls as M grows. At decode sizes the weight
+traffic dominates and the GEMV should win; at prefill sizes the GEMM should.
+Measured on one 2-core AVX-512 VNNI machine with torch 2.13 (N=2048, K=1024, 2 threads,
+median of 7), the native kernel is nevertheless faster at M=64 too: 1.6 ms against 56 ms
+for int8 (``_weight_int8pack_mm`` is far slower there than a float matmul, 1.9 ms) and
+3.4 ms for int4; the int4 fallback catches up near M=256 (7.2 ms each) and is ahead at
+M=512 (12.5 ms against 16.9 ms). :data:`NATIVE_MAX_ROWS` stays at the decode/prefill
+boundary until that is measured on more machines.
+
+:func:`kernel_calls` counts the op calls per path in this process (one per call, either path).
 
 A layer whose input size is not a multiple of 64 (the packing's constraint) keeps its
-unquantized weight. Only linear layers are quantized; embeddings and the output head (vLLM's
-``ParallelLMHead``) stay unquantized.
+unquantized weight and never reaches the op. Only linear layers are quantized; embeddings
+and the output head (vLLM's ``ParallelLMHead``) stay unquantized.
 
 This module imports vllm and torch; it is imported by :func:`vllm_omni.plugin.register`.
 """
@@ -69,9 +90,11 @@ METHODS = {"vllm_omni_int8": "int8", "vllm_omni_int4": "int4"}
 PACK_MULTIPLE = 64
 FMT_CODES = {"int8": 1, "int4": 2}  # the native library's format codes (vllm_omni.cpu.native.FMT_CODES)
 NATIVE_MAX_ROWS = 8
-"""Calls with at most this many rows (decode batches) use the native GEMV, one call per row."""
+"""Calls with at most this many rows (decode batches) use the native GEMV (one ``vo_linear`` call for all rows)."""
 INT4_MAX_INPUTS = 32768
 """The native int4 kernel keeps the per-row group scales on the stack: at most 1024 groups of 32."""
+ACT_RANGE = (2.0 ** -100, 2.0 ** 100)
+"""A call with a nonzero row whose largest ``|x|`` is outside this range (or NaN) goes to the fallback."""
 
 LIBRARY = "vllm_omni"
 OP_NAME = "weight_only_linear"
@@ -81,9 +104,7 @@ _lib_obj: torch.library.Library | None = None
 _OP: Any = None  # torch.ops.vllm_omni.weight_only_linear once registered
 _native: Any = None  # the loaded ctypes library, False once loading failed
 _native_error: str | None = None
-_TINY_RMS = 1e-18  # below this the kernel's fp32 mean of squares may underflow (fp32 min normal ~1.2e-38)
 _calls: collections.Counter = collections.Counter()
-_tls = threading.local()
 
 
 # --- the native path ------------------------------------------------------------------------------
@@ -108,18 +129,22 @@ def native_library():
 
 
 def _self_test(lib) -> None:
-    """One 64x64 int8 product through the zero-layer stack, checked against torch (catches ABI drift)."""
+    """A 2 x 64 by 64 x 64 int8 product through ``vo_linear``, checked against torch (catches ABI drift)."""
     g = torch.Generator().manual_seed(0)
     w = packing.quantize(torch.randn(64, 64, generator=g), "int8")
-    x = torch.randn(1, 64, generator=g)
-    y = _native_rows(lib, x, w.data, w.scale, "int8")
+    x = torch.randn(2, 64, generator=g)
+    y = _vo_linear(lib, x, w.data, w.scale, "int8")
     ref = x @ packing.dequantize(w).T
     if not torch.allclose(y, ref, rtol=0.05, atol=0.05 * float(ref.abs().max())):
         raise RuntimeError("the native GEMV self-test disagrees with torch")
 
 
 def native_serves(fmt: str, in_features: int, rows: int) -> bool:
-    """Whether the native GEMV handles a call of ``rows`` rows on a ``fmt`` layer with ``in_features`` inputs."""
+    """Whether the native GEMV handles a call of ``rows`` rows on a ``fmt`` layer with ``in_features`` inputs.
+
+    A shape check only; :func:`weight_only_linear` also sends calls with activations out of
+    the kernel's range (:func:`in_kernel_range`) to the fallback.
+    """
     if rows < 1 or rows > NATIVE_MAX_ROWS or in_features % PACK_MULTIPLE:
         return False
     if fmt == "int4" and in_features > INT4_MAX_INPUTS:
@@ -127,84 +152,40 @@ def native_serves(fmt: str, in_features: int, rows: int) -> bool:
     return native_library() is not None
 
 
-class _Workspace:
-    """A zero-layer native stack of width ``cols`` with its buffers (one per thread and width)."""
-
-    def __init__(self, lib, cols: int):
-        from vllm_omni.cpu import native
-
-        self.norm = torch.ones(cols)
-        # no layers: only the final norm (weight 1, eps 0) and the "head" run; the other sizes are the
-        # smallest the kernel accepts (multiples of 64)
-        self.stack = native.VoStack(fmt=FMT_CODES["int8"], n_layers=0, hidden=cols, inter=64, heads=1, kv_heads=1,
-                                    head_dim=64, max_pos=1, threads=1, eps=0.0, layers=None,
-                                    final_norm=self.norm.data_ptr(), rope_cos=None, rope_sin=None, ws=None,
-                                    ws_bytes=0)
-        nbytes = lib.vo_workspace_bytes(ctypes.byref(self.stack), 0)
-        self.ws = torch.empty(nbytes + 64, dtype=torch.uint8)
-        self.stack.ws = (self.ws.data_ptr() + 63) // 64 * 64
-        self.stack.ws_bytes = nbytes
-        self.out = torch.empty(1, cols)
-        self.mat = native.VoMat(None, None, 0, 0)
-
-
-def _workspace(lib, cols: int) -> _Workspace:
-    cache = getattr(_tls, "workspaces", None)
-    if cache is None:
-        cache = _tls.workspaces = {}
-    ws = cache.get(cols)
-    if ws is None:
-        ws = cache[cols] = _Workspace(lib, cols)
-    return ws
+def in_kernel_range(x: torch.Tensor) -> bool:
+    """Whether every row of ``x`` is all zero or finite with its largest ``|x|`` inside :data:`ACT_RANGE`."""
+    lo, hi = ACT_RANGE
+    return all(v == 0.0 or lo <= v <= hi  # NaN compares false
+               for v in torch.linalg.vector_norm(x, ord=math.inf, dim=1).tolist())
 
 
 def native_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
-    """``x [M, K] @ W.T`` with the native GEMV, one call per row; fp32 ``[M, N]``.
+    """``x [M, K] @ W.T`` with the native GEMV, one ``vo_linear`` call for all rows; fp32 ``[M, N]``.
 
     ``qweight``/``scale`` are the project's packing (int8 ``[N, K]`` + fp32 ``[N]``, or int4
-    ``[N, K/2]`` + fp16 ``[N, K/32]``). The kernel normalises each row by its RMS before the
-    product (the zero-layer stack's final RMSNorm, weight 1, eps 0); the result is scaled back
-    by the row's RMS. Rows whose RMS is so small that the kernel's float sum of squares could
-    underflow are rescaled first; all-zero rows give zero and non-finite rows NaN, without a call.
+    ``[N, K/2]`` + fp16 ``[N, K/32]``). The raw kernel: rows out of :func:`in_kernel_range`
+    do not give what a matmul gives (see the module doc); :func:`weight_only_linear` checks.
     """
     lib = native_library()
     if lib is None:
         raise RuntimeError(f"native kernels unavailable: {_native_error}")
-    return _native_rows(lib, x, qweight, scale, fmt)
+    return _vo_linear(lib, x, qweight, scale, fmt)
 
 
-def _native_rows(lib, x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+def _vo_linear(lib, x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+    from vllm_omni.cpu import native
+
     rows, cols = x.shape
     n = qweight.shape[0]
+    if qweight.shape[1] * (2 if fmt == "int4" else 1) != cols:
+        raise ValueError(f"{fmt} weight of shape {tuple(qweight.shape)} does not take {cols} inputs")
     xf = x.float().contiguous()
-    rms = torch.linalg.vector_norm(xf, dim=1, dtype=torch.float64).mul_(1.0 / math.sqrt(cols))
-    r = rms.tolist()
-    skip: dict[int, float] = {}
-    if not all(_TINY_RMS <= v < math.inf for v in r):
-        xf = xf.clone()
-        for i, v in enumerate(r):
-            if v == 0.0 or not math.isfinite(v):
-                skip[i] = 0.0 if v == 0.0 else math.nan
-            elif v < _TINY_RMS:
-                xf[i].mul_(1.0 / v)  # unit RMS; the result is scaled back by v below
     y = torch.empty(rows, n)
-    ws = _workspace(lib, cols)
-    st, mat = ws.stack, ws.mat
-    st.fmt = FMT_CODES[fmt]
-    st.threads = torch.get_num_threads()
-    mat.w, mat.s, mat.rows, mat.cols = qweight.data_ptr(), scale.data_ptr(), n, cols
-    stack_ref, mat_ref, out_ptr = ctypes.byref(st), ctypes.byref(mat), ws.out.data_ptr()
-    x_ptr, y_ptr, row_x, row_y = xf.data_ptr(), y.data_ptr(), cols * 4, n * 4
-    call = lib.vo_stack_forward
-    for i in range(rows):
-        if i in skip:
-            continue
-        rc = call(stack_ref, x_ptr + i * row_x, 1, 0, out_ptr, mat_ref, y_ptr + i * row_y)
-        if rc != 0:
-            raise RuntimeError(f"vo_stack_forward failed ({rc}) for a {fmt} linear of shape [{n}, {cols}]")
-    y.mul_(rms[:, None])
-    for i, v in skip.items():
-        y[i] = v
+    mat = native.VoMat(qweight.data_ptr(), scale.data_ptr(), n, cols)
+    rc = lib.vo_linear(FMT_CODES[fmt], ctypes.byref(mat), xf.data_ptr(), rows, y.data_ptr(),
+                       torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"vo_linear failed ({rc}) for {rows} rows on a {fmt} linear of shape [{n}, {cols}]")
     return y
 
 
@@ -221,8 +202,10 @@ def weight_only_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tens
     """The op behind every quantized linear: ``x [M, K]`` -> ``[M, N]`` in ``x.dtype`` (see the module doc)."""
     fmt = "int8" if fmt_code == FMT_CODES["int8"] else "int4"
     if native_serves(fmt, x.shape[1], x.shape[0]):
-        _calls["native"] += 1
-        return native_linear(x, qweight, scale, fmt).to(x.dtype)
+        xf = x.float().contiguous()
+        if in_kernel_range(xf):
+            _calls["native"] += 1
+            return _vo_linear(_native, xf, qweight, scale, fmt).to(x.dtype)
     _calls["fallback"] += 1
     return fallback_linear(x.contiguous(), qweight, scale, fmt)
 

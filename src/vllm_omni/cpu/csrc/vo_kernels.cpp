@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 #include <limits>
 
 #include <omp.h>
@@ -477,10 +478,29 @@ inline void prep_act(int fmt, Work& W, const float* src, int64_t stride, int64_t
 
 enum OutMode { OUT_STORE = 0, OUT_ADD = 1 };
 
+#ifndef VO_STREAMS
+#define VO_STREAMS 2
+#endif
+
+// f(r) for r in [0, rows): each thread takes a contiguous share of the rows (as a static
+// schedule would) but walks it from VO_STREAMS places at once, so the core keeps several
+// independent read streams in flight instead of one; a barrier ends the loop, as `omp for`.
+template <class F>
+inline void for_rows(int64_t rows, F&& f) {
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t lo = rows * id / nt, hi = rows * (id + 1) / nt;
+    const int64_t q = (hi - lo + VO_STREAMS - 1) / VO_STREAMS;
+    for (int64_t i = 0; i < q; ++i)
+        for (int s = 0; s < VO_STREAMS; ++s) {
+            const int64_t r = lo + s * q + i;
+            if (r < hi) f(r);
+        }
+#pragma omp barrier
+}
+
 // out[t, r] (=|+=) m[r] . act[t] for r in [0, rows), rows split across the team.
 inline void gemv(int fmt, const VoMat& m, Work& W, int T, float* out, int64_t out_stride, OutMode mode) {
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < m.rows; ++r) {
+    for_rows(m.rows, [&](int64_t r) {
         for (int t = 0; t < T; ++t) {
             float v = row_dot(fmt, m, r, W.act[t]);
             if (mode == OUT_ADD)
@@ -488,19 +508,18 @@ inline void gemv(int fmt, const VoMat& m, Work& W, int T, float* out, int64_t ou
             else
                 out[t * out_stride + r] = v;
         }
-    }
+    });
 }
 
 // h[t, r] = silu(gate_r . a_t) * (up_r . a_t) for r in [0, I).
 inline void gemv_swiglu(int fmt, const VoMat& m, int64_t I, Work& W, int T, float* out, int64_t out_stride) {
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < I; ++r) {
+    for_rows(I, [&](int64_t r) {
         for (int t = 0; t < T; ++t) {
             float g = row_dot(fmt, m, r, W.act[t]);
             float u = row_dot(fmt, m, r + I, W.act[t]);
             out[t * out_stride + r] = g / (1.f + std::exp(-g)) * u;
         }
-    }
+    });
 }
 
 inline void head_norm_rope(float* v, const float* nw, const float* cs, const float* sn, int hd, float eps) {
@@ -697,6 +716,42 @@ int32_t vo_stack_forward(const VoStack* stp, const float* x, int32_t T, int32_t 
     return 0;
 }
 
+// A plain linear layer: y[t, r] = x[t] . m[r] for t < M, r < m.rows (no norm, no bias), with the
+// same row dots as the stacks (int8/int4 activations quantised per row in blocks of 32). Each
+// weight row is read once for all M rows of x. m.cols must be a multiple of 64 (and at most
+// 32768 for int4). threads <= 0 uses OpenMP's default. Returns 0, or -1 for a bad shape/format.
+int32_t vo_linear(int32_t fmt, const VoMat* mp, const float* x, int32_t M, float* y, int32_t threads) {
+    const VoMat& m = *mp;
+    const int64_t K = m.cols, N = m.rows;
+    if (M < 1 || N < 1 || K < 64 || K % 64) return -1;
+    if (fmt != FMT_F32 && fmt != FMT_I8 && fmt != FMT_I4) return -1;
+    if (fmt == FMT_I4 && K / 32 > Q4_MAX_GROUPS) return -1;
+    std::vector<Act> act((size_t)M);
+    std::vector<int8_t> q;
+    std::vector<float> d, dexp;
+    std::vector<int32_t> corr;
+    if (fmt != FMT_F32) {
+        q.resize((size_t)(M * K));
+        d.resize((size_t)(M * K / 32));
+        dexp.resize((size_t)(M * K / 4));
+        corr.resize((size_t)(M * K / 4));
+    }
+    for (int64_t t = 0; t < M; ++t) {
+        act[t].f = x + t * K;
+        if (fmt == FMT_F32) continue;
+        act[t].q = q.data() + t * K;
+        act[t].d = d.data() + t * K / 32;
+        act[t].dexp = dexp.data() + t * K / 4;
+        act[t].corr = corr.data() + t * K / 4;
+        quantize_act(x + t * K, K, act[t]);
+    }
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
+    for_rows(N, [&](int64_t r) {
+        for (int64_t t = 0; t < M; ++t) y[t * N + r] = row_dot(fmt, m, r, act[t]);
+    });
+    return 0;
+}
+
 // One talker step: x[H] at position pos -> hidden[H] (after the final norm) and
 // logits[head.rows] = head . hidden.
 int32_t vo_talker_step(const VoStack* stp, const VoMat* head, const float* x, int32_t pos, float* logits,
@@ -806,11 +861,71 @@ int32_t vo_predictor_frame(const VoStack* stp, const VoMat* heads, int32_t G, co
 }
 
 // ---------------------------------------------------------------------------------------------
-// Read-bandwidth probe: every thread streams its own slice of a buffer with wide loads.
+// Read-bandwidth probe: every thread streams its own slice of a buffer with wide loads,
+// reading `streams` (1..4) equal parts of the slice at once (one core keeps more misses in
+// flight with two concurrent streams than with one, as the GEMVs' row walk does).
 // Returns the best GB/s (1e9 bytes/s) over `reps` sweeps, or a negative value on failure.
 
-double vo_read_bandwidth(int64_t bytes, int32_t threads, int32_t reps) {
+}  // extern "C"
+
+namespace {
+
+#if defined(__AVX512F__)
+using vline = __m512i;
+inline vline vzero() { return _mm512_setzero_si512(); }
+inline vline vadd(vline a, const char* p) {
+    return _mm512_add_epi64(a, _mm512_load_si512((const void*)p));
+}
+inline int64_t vsum(vline a) { return _mm512_reduce_add_epi64(a); }
+#elif defined(__AVX2__)
+using vline = __m256i;
+inline vline vzero() { return _mm256_setzero_si256(); }
+inline vline vadd(vline a, const char* p) {
+    return _mm256_add_epi64(_mm256_add_epi64(a, _mm256_load_si256((const __m256i*)p)),
+                            _mm256_load_si256((const __m256i*)(p + 32)));
+}
+inline int64_t vsum(vline a) {
+    return _mm256_extract_epi64(a, 0) + _mm256_extract_epi64(a, 1) + _mm256_extract_epi64(a, 2) +
+           _mm256_extract_epi64(a, 3);
+}
+#else
+using vline = int64_t;
+inline vline vzero() { return 0; }
+inline vline vadd(vline a, const char* p) {
+    const int64_t* q = (const int64_t*)p;
+    return a + q[0] + q[1] + q[2] + q[3] + q[4] + q[5] + q[6] + q[7];
+}
+inline int64_t vsum(vline a) { return a; }
+#endif
+
+// Sum of the 64-byte lines [lo, hi) of buf, read as S concurrent streams.
+template <int S>
+int64_t read_lines(const char* buf, int64_t lo, int64_t hi) {
+    const int64_t len = (hi - lo) / S;
+    vline a[S], b[S];
+    for (int s = 0; s < S; ++s) a[s] = b[s] = vzero();
+    int64_t j = 0;
+    for (; j + 2 <= len; j += 2)
+        for (int s = 0; s < S; ++s) {
+            const char* p = buf + (lo + s * len + j) * 64;
+            a[s] = vadd(a[s], p);
+            b[s] = vadd(b[s], p + 64);
+        }
+    for (; j < len; ++j)
+        for (int s = 0; s < S; ++s) a[s] = vadd(a[s], buf + (lo + s * len + j) * 64);
+    for (int64_t i = lo + S * len; i < hi; ++i) a[0] = vadd(a[0], buf + i * 64);
+    int64_t total = 0;
+    for (int s = 0; s < S; ++s) total += vsum(a[s]) + vsum(b[s]);
+    return total;
+}
+
+}  // namespace
+
+extern "C" {
+
+double vo_read_bandwidth(int64_t bytes, int32_t threads, int32_t reps, int32_t streams) {
     if (threads < 1) threads = omp_get_max_threads();
+    if (streams < 1 || streams > 4) return -3.0;
     bytes = bytes / 4096 * 4096;
     if (bytes <= 0) return -1.0;
     char* buf = (char*)std::aligned_alloc(4096, (size_t)bytes);
@@ -826,36 +941,10 @@ double vo_read_bandwidth(int64_t bytes, int32_t threads, int32_t reps) {
         for (int r = 0; r < reps + 1; ++r) {
 #pragma omp barrier
             double t0 = omp_get_wtime();
-#if defined(__AVX512F__)
-            __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-            const __m512i* p = (const __m512i*)buf;
-            int64_t i = lo;
-            for (; i + 4 <= hi; i += 4) {
-                a0 = _mm512_add_epi64(a0, _mm512_load_si512(p + i));
-                a1 = _mm512_add_epi64(a1, _mm512_load_si512(p + i + 1));
-                a2 = _mm512_add_epi64(a2, _mm512_load_si512(p + i + 2));
-                a3 = _mm512_add_epi64(a3, _mm512_load_si512(p + i + 3));
-            }
-            for (; i < hi; ++i) a0 = _mm512_add_epi64(a0, _mm512_load_si512(p + i));
-            int64_t s = _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
-#elif defined(__AVX2__)
-            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-            const __m256i* p = (const __m256i*)buf;
-            int64_t i = 2 * lo;
-            for (; i + 4 <= 2 * hi; i += 4) {
-                a0 = _mm256_add_epi64(a0, _mm256_load_si256(p + i));
-                a1 = _mm256_add_epi64(a1, _mm256_load_si256(p + i + 1));
-                a2 = _mm256_add_epi64(a2, _mm256_load_si256(p + i + 2));
-                a3 = _mm256_add_epi64(a3, _mm256_load_si256(p + i + 3));
-            }
-            __m256i t = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
-            int64_t s = _mm256_extract_epi64(t, 0) + _mm256_extract_epi64(t, 1) + _mm256_extract_epi64(t, 2) +
-                        _mm256_extract_epi64(t, 3);
-#else
-            const int64_t* p = (const int64_t*)buf;
-            int64_t s = 0;
-            for (int64_t i = lo * 8; i < hi * 8; ++i) s += p[i];
-#endif
+            const int64_t s = streams == 1   ? read_lines<1>(buf, lo, hi)
+                              : streams == 2 ? read_lines<2>(buf, lo, hi)
+                              : streams == 3 ? read_lines<3>(buf, lo, hi)
+                                             : read_lines<4>(buf, lo, hi);
 #pragma omp barrier
             double t1 = omp_get_wtime();
 #pragma omp atomic
