@@ -269,3 +269,37 @@ def test_fused_talker_prefill_and_bounds(talker_weights):
         t.step(torch.zeros(1024))
     with pytest.raises(ValueError):
         t.prefill_random(16)
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "int8", "int4"])
+def test_vo_linear_matches_dequantized_matmul(fmt):
+    """The plain linear entry point: every row count, odd output sizes (uneven thread shares and
+    stream splits), 1 and 2 threads giving identical results."""
+    import ctypes
+
+    from vllm_omni.cpu import native
+    from vllm_omni.cpu.predictor import vo_mat
+    from vllm_omni.cpu.quant import dequantize, quantize
+
+    lib = native.load()
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(333, 256, generator=g)
+    m = quantize(w, fmt)
+    ref_w = w if fmt == "fp32" else dequantize(m)
+    for rows in (1, 3, 8):
+        x = torch.randn(rows, 256, generator=g)
+        ys = []
+        for threads in (1, 2):
+            y = torch.full((rows, 333), float("nan"))
+            assert lib.vo_linear(native.FMT_CODES[fmt], ctypes.byref(vo_mat(m)), x.data_ptr(), rows, y.data_ptr(),
+                                 threads) == 0
+            ys.append(y)
+        assert torch.equal(ys[0], ys[1])
+        ref = x @ ref_w.T
+        if fmt == "fp32":
+            torch.testing.assert_close(ys[0], ref, atol=FP32_ATOL, rtol=FP32_RTOL)
+        else:  # only the int8 rounding of activations differs (see the module doc)
+            err = (ys[0] - ref).abs()
+            assert float(err.max()) < QUANT_MAX_REL * float(ref.abs().max())
+    bad = native.VoMat(None, None, 4, 100)  # 100 inputs: not a multiple of 64
+    assert lib.vo_linear(0, ctypes.byref(bad), x.data_ptr(), 1, x.data_ptr(), 1) == -1
