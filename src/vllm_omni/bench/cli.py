@@ -14,6 +14,7 @@ SUBCOMMAND_MODULES = (
     "env",
     "project",
     "gpu-matmul",
+    "gpu-frame",
     "quality",
     "talker",
     "sampler",
@@ -21,6 +22,11 @@ SUBCOMMAND_MODULES = (
     "bandwidth",
     "predictor",
     "vllm-two-engines",
+    "vllm-inprocess",
+    "llamacpp",
+    "engines",
+    "compare",
+    "audit",
 )
 
 

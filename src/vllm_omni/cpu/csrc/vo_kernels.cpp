@@ -133,6 +133,16 @@ struct Act {
     int32_t* corr;
 };
 
+// The scale of one block from its largest |x|: amax / 127, except that a block holding a NaN
+// gets a NaN scale (the dot then comes out NaN, as in a float matmul) and a block whose scale
+// would be subnormal is flushed to zero (its reciprocal would overflow and flip signs; values
+// below ~1e-36 contribute nothing measurable next to any normal row).
+inline float block_scale(float amax, bool nan) {
+    if (nan) return std::numeric_limits<float>::quiet_NaN();
+    const float d = amax / 127.f;
+    return d >= std::numeric_limits<float>::min() ? d : 0.f;
+}
+
 void quantize_act(const float* x, int64_t n, Act& a) {
     for (int64_t b = 0; b < n / 32; ++b) {
         const float* xb = x + b * 32;
@@ -140,7 +150,8 @@ void quantize_act(const float* x, int64_t n, Act& a) {
 #if defined(VO_AVX512VNNI)
         const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
         const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-        const float d = amax / 127.f;
+        const bool nan = _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q);
+        const float d = block_scale(amax, nan);
         const __m512 id = _mm512_set1_ps(d > 0.f ? 1.f / d : 0.f);
         // round to nearest even, as nearbyint; |x/d| <= 127 up to rounding of d
         __m512i q0 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v0, id)), _mm512_set1_epi32(-127)),
@@ -155,8 +166,12 @@ void quantize_act(const float* x, int64_t n, Act& a) {
         a.d[b] = d;
 #else
         float amax = 0.f;
-        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
-        float d = amax / 127.f;
+        bool nan = false;
+        for (int i = 0; i < 32; ++i) {
+            amax = std::max(amax, std::fabs(xb[i]));
+            nan |= std::isnan(xb[i]);
+        }
+        float d = block_scale(amax, nan);
         float id = d > 0.f ? 1.f / d : 0.f;
         for (int i = 0; i < 32; ++i) {
             int v = (int)std::nearbyint(xb[i] * id);
