@@ -28,3 +28,22 @@ def test_bench_bandwidth_writes_a_valid_artifact(tmp_path):
     data = json.loads(path.read_text())
     assert data["origin"] == "measured"
     assert data["rows"][0][0] == 1 and data["rows"][0][3] > 0
+
+
+def test_huge_arena_views_hold_the_same_values():
+    """Packed matrices copied into the huge-page arena keep their bytes, dtypes and shapes."""
+    import torch
+
+    from vllm_omni.cpu.hugepages import HUGE_PAGE, into_huge_arena
+    from vllm_omni.cpu.quant import quantize
+
+    g = torch.Generator().manual_seed(0)
+    mats = [quantize(torch.randn(128, 256, generator=g), f) for f in ("fp32", "int8", "int4")]
+    plain = torch.randn(1000, generator=g)
+    arena, (a, b, c, d), covered = into_huge_arena(mats + [plain])
+    for old, new in zip(mats, (a, b, c)):
+        assert torch.equal(old.data, new.data) and new.data.dtype == old.data.dtype
+        assert (old.scale is None and new.scale is None) or torch.equal(old.scale, new.scale)
+        assert arena.data_ptr() <= new.data.data_ptr() < arena.data_ptr() + arena.numel()
+    assert torch.equal(d, plain)
+    assert covered % HUGE_PAGE == 0  # 0 where the kernel refuses; whole 2 MiB pages otherwise

@@ -5,12 +5,13 @@ Two probes, the larger wins (a floor some engine beats would be a wrong floor):
 - native: OpenMP threads each stream their own slice of a >= 1 GiB buffer with the widest
   vector loads the CPU has (``vo_read_bandwidth`` in ``csrc/vo_kernels.cpp``), pages first
   touched by their reader, best of several sweeps after a warm-up sweep, each thread reading
-  its slice as one stream and as two concurrent streams (the GEMVs walk their rows as two
+  its slice as one stream and as two concurrent streams (the int8/int4 GEMVs walk their rows as two
   streams, and a core sustains more bandwidth that way: the floor must allow for it);
 - torch: a read-only ``sum`` over a float32 buffer of the same size with ``threads`` intra-op
   threads, best of several runs.
 
-GB/s are 1e9 bytes per second. ``quick`` uses a 256 MiB buffer (still 8x the largest L3 of
+Both probes ask for transparent huge pages on their buffer before touching it, as the packed
+weights do (``vllm_omni.cpu.hugepages``). GB/s are 1e9 bytes per second. ``quick`` uses a 256 MiB buffer (still 8x the largest L3 of
 this machine kind) and fewer sweeps: for tests and doc examples, not for figures.
 """
 
@@ -21,6 +22,7 @@ import time
 import torch
 
 from vllm_omni.cpu import native
+from vllm_omni.cpu.hugepages import advise_huge
 
 GIB = 1 << 30
 
@@ -46,7 +48,9 @@ def torch_read_bandwidth(threads: int, quick: bool = False) -> float:
     old = torch.get_num_threads()
     torch.set_num_threads(int(threads))
     try:
-        x = torch.ones(nbytes // 4, dtype=torch.float32)
+        x = torch.empty(nbytes // 4, dtype=torch.float32)
+        advise_huge(x.data_ptr(), nbytes, collapse=False)  # before the first touch, as the native probe
+        x.fill_(1.0)
         x.sum()  # warm-up
         best = float("inf")
         for _ in range(reps):

@@ -12,6 +12,7 @@ import ctypes
 import torch
 from torch import Tensor
 
+from vllm_omni.cpu.hugepages import into_huge_arena
 from vllm_omni.cpu.predictor import NativeStack, vo_mat
 from vllm_omni.cpu.quant import check_format, quantize
 from vllm_omni.cpu.weights import TalkerWeights
@@ -27,7 +28,8 @@ class FusedTalker:
         self.hidden = st.hidden
         self.native = NativeStack(weights.layers, weights.norm, st, fmt, threads, max_positions, variant=variant)
         self.lib = self.native.lib
-        self.head = quantize(weights.codec_head, fmt)
+        self._head_arena, (self.head,), huge = into_huge_arena([quantize(weights.codec_head, fmt)])
+        self.native.huge_page_bytes += huge
         self.c_head = vo_mat(self.head)
         self.codec_embedding = weights.codec_embedding
         self.max_positions = max_positions

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from vllm_omni.cpu import native
+from vllm_omni.cpu.hugepages import into_huge_arena
 from vllm_omni.cpu.quant import QuantMatrix, check_format, quantize
 from vllm_omni.cpu.reference import rope_tables
 from vllm_omni.cpu.weights import BlockWeights, PredictorWeights
@@ -52,13 +53,19 @@ class NativeStack:
         self.k_cache, self.v_cache = [], []
         self.c_layers = (native.VoLayer * len(layers))()
         self.bytes = 0
-        for i, w in enumerate(layers):
-            qkv = quantize(torch.cat([w.q_proj, w.k_proj, w.v_proj]), fmt)
-            o = quantize(w.o_proj, fmt)
-            gu = quantize(torch.cat([w.gate_proj, w.up_proj]), fmt)
-            down = quantize(w.down_proj, fmt)
-            norms = [w.input_norm.float().contiguous(), w.post_norm.float().contiguous(),
-                     w.q_norm.float().contiguous(), w.k_norm.float().contiguous()]
+        packed = []
+        for w in layers:
+            packed += [
+                quantize(torch.cat([w.q_proj, w.k_proj, w.v_proj]), fmt), quantize(w.o_proj, fmt),
+                quantize(torch.cat([w.gate_proj, w.up_proj]), fmt), quantize(w.down_proj, fmt),
+                w.input_norm.float(), w.post_norm.float(), w.q_norm.float(), w.k_norm.float(),
+            ]
+        packed.append(norm.float())
+        # one huge-page arena for every weight the stack streams (see vllm_omni.cpu.hugepages)
+        self._arena, packed, self.huge_page_bytes = into_huge_arena(packed)
+        self.norm = packed.pop()
+        for i in range(len(layers)):
+            qkv, o, gu, down, *norms = packed[8 * i: 8 * i + 8]
             kc = torch.zeros(s.kv_heads, max_positions, s.head_dim)
             vc = torch.zeros_like(kc)
             self.k_cache.append(kc)
@@ -69,7 +76,6 @@ class NativeStack:
                 norms[0].data_ptr(), norms[1].data_ptr(), norms[2].data_ptr(), norms[3].data_ptr(),
                 vo_mat(qkv), vo_mat(o), vo_mat(gu), vo_mat(down), kc.data_ptr(), vc.data_ptr(),
             )
-        self.norm = norm.float().contiguous()
         self.bytes += self.norm.numel() * 4
         cos, sin = rope_tables(torch.arange(max_positions), s.head_dim, s.rope_theta, torch.float32)
         self.rope_cos = cos[:, : s.head_dim // 2].contiguous()
@@ -121,7 +127,9 @@ class FusedPredictor:
                                   max_positions=spec.num_code_groups, extra_len=max(3 * self.vocab, self.ht),
                                   variant=variant)
         self.lib = self.native.lib
-        self.heads = [quantize(weights.lm_head[i], fmt) for i in range(self.groups)]
+        self._heads_arena, self.heads, huge = into_huge_arena([quantize(weights.lm_head[i], fmt)
+                                                               for i in range(self.groups)])
+        self.native.huge_page_bytes += huge
         self.c_heads = (native.VoMat * self.groups)(*[vo_mat(h) for h in self.heads])
         self.embedding = weights.codec_embedding.float().contiguous()
         self.proj = self.proj_bias = None

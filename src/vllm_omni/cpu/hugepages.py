@@ -1,0 +1,104 @@
+"""Back large weight buffers with transparent huge pages (2 MiB) where the kernel allows it.
+
+Why: a predictor pass streams 45 to 323 MB of weights, and with 4 KiB pages every 4 KiB of
+that stream needs its own TLB entry. Where transparent huge pages are in ``madvise`` mode (the
+development host's setting) nothing gets them unless asked, so the packed weights are asked
+for them: ``MADV_HUGEPAGE`` on the 2 MiB-aligned interior of each buffer, then
+``MADV_COLLAPSE`` (Linux 6.1+) to move pages already touched into huge pages at once. The
+bandwidth probes advise their buffers the same way, so the floor gets the same benefit.
+
+Everything here is best effort: on other systems, or when the kernel refuses, the buffers
+stay as they are and the functions report 0 bytes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+from functools import lru_cache
+
+HUGE_PAGE = 2 << 20
+MADV_HUGEPAGE = 14
+MADV_COLLAPSE = 25
+
+
+@lru_cache(maxsize=1)
+def _madvise():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+    fn = libc.madvise
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _interior(address: int, nbytes: int) -> tuple[int, int]:
+    """The 2 MiB-aligned part of [address, address + nbytes): (start, length), length 0 if none."""
+    start = (address + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
+    end = (address + nbytes) // HUGE_PAGE * HUGE_PAGE
+    return start, max(0, end - start)
+
+
+def advise_huge(address: int, nbytes: int, *, collapse: bool = True) -> int:
+    """Ask for huge pages on the aligned interior of a buffer; the bytes now covered (0 if refused)."""
+    madvise = _madvise()
+    start, length = _interior(address, nbytes)
+    if madvise is None or length == 0:
+        return 0
+    if madvise(start, length, MADV_HUGEPAGE) != 0:
+        return 0
+    if collapse and madvise(start, length, MADV_COLLAPSE) != 0:
+        return 0
+    return length
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+def into_huge_arena(items: list) -> tuple[object | None, list, int]:
+    """Copy tensors and packed matrices into one buffer backed by huge pages.
+
+    Separate tensors of a few MiB each rarely contain a whole aligned 2 MiB page, so they are
+    copied into one arena, 2 MiB-aligned and advised before it is first touched; every item
+    comes back as the same kind of object viewing the arena. Returns ``(arena, items,
+    bytes_in_huge_pages)``; the arena must be kept alive as long as the views are used.
+    """
+    import dataclasses
+
+    import torch
+
+    tensors = []
+    for m in items:
+        tensors += [m] if isinstance(m, torch.Tensor) else [t for t in (m.data, m.scale) if t is not None]
+    offsets, total = [], 0
+    for t in tensors:
+        offsets.append(total)
+        total += (_nbytes(t) + 63) // 64 * 64
+    arena = torch.empty(total + HUGE_PAGE, dtype=torch.uint8)
+    base = (arena.data_ptr() + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE - arena.data_ptr()
+    covered = advise_huge(arena.data_ptr() + base, total, collapse=False)
+
+    def view(t, off):
+        v = arena[base + off: base + off + _nbytes(t)].view(t.dtype).view(t.shape)
+        v.copy_(t)
+        return v
+
+    views = [view(t, off) for t, off in zip(tensors, offsets)]
+    out, i = [], 0
+    for m in items:
+        if isinstance(m, torch.Tensor):
+            out.append(views[i])
+            i += 1
+        elif m.scale is None:
+            out.append(dataclasses.replace(m, data=views[i]))
+            i += 1
+        else:
+            out.append(dataclasses.replace(m, data=views[i], scale=views[i + 1]))
+            i += 2
+    return arena, out, covered
