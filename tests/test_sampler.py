@@ -130,3 +130,31 @@ def test_counter_uniforms_depend_on_key_and_are_reproducible():
     assert not torch.equal(a, sm.counter_uniforms(sm.frame_noise_key(2, 2)))
     with pytest.raises(ValueError, match="uint64"):
         sm.counter_uniforms(-1)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_native_and_torch_fast_paths_choose_identical_ids(top_p):
+    """The native one-pass sampler and its PyTorch stand-in: same ids over 60 steps with a
+    growing penalty history, the EOS mask of the first steps and (here) a nucleus filter."""
+    config = sm.SamplerConfig(top_p=top_p)
+    native = sm.FastSampler(config, seed=5, native=True)
+    torch_path = sm.FastSampler(config, seed=5, native=False)
+    eager = sm.EagerSampler(config, seed=5)
+    g = torch.Generator().manual_seed(9)
+    for _ in range(60):
+        logits = torch.randn(3072, generator=g) * 3
+        a, b = native.sample(logits), torch_path.sample(logits)
+        assert a == b
+        if top_p == 1.0:
+            assert eager.sample(logits) == a
+    assert native.history == torch_path.history and len(set(native.history)) > 5
+
+
+def test_talker_noise_is_apart_from_the_residual_noise():
+    s = sm.FastSampler(seed=0)
+    key = s.noise_key
+    assert key == sm.frame_noise_key(0, 0)
+    talker = sm.counter_uniforms(key, 1, 3072, base=sm.TALKER_NOISE_BASE)[0]
+    residual = sm.counter_uniforms(key)
+    assert not torch.equal(talker[:2048], residual[0])
+    assert torch.equal(-torch.log(talker), s.draw())

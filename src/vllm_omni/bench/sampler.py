@@ -38,8 +38,13 @@ def run(args: argparse.Namespace) -> int:
     logits = [torch.randn(3072, generator=g) * scale for _ in range(HISTORY + repeats + 1)]
 
     rows, ms = [], {}
-    for kind in ("eager", "fast"):
-        s = SAMPLERS[kind](seed=args.seed)
+    variants = {
+        "eager": lambda: SAMPLERS["eager"](seed=args.seed),
+        "fast": lambda: SAMPLERS["fast"](seed=args.seed, native=True),
+        "fast, PyTorch stand-in": lambda: SAMPLERS["fast"](seed=args.seed, native=False),
+    }
+    for kind, make in variants.items():
+        s = make()
         for x in logits[:HISTORY]:
             s.sample(x)
         samples = []

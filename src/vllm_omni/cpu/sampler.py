@@ -2,16 +2,19 @@
 
 Why two talker samplers: a generic sampler makes several passes over the full 3072-entry
 vocabulary (penalty, masks, temperature, top-k, top-p, softmax), which the study measured as a
-visible share of a CPU frame; the fast one does the same arithmetic on a preallocated buffer
-and only 50 candidates. Both draw the same noise from the same seeded generator and choose
-by Gumbel-max on identical float values, so they pick identical ids.
+visible share of a CPU frame; the fast one does the same arithmetic in one native pass
+(``vo_talker_sample``) and evaluates noise for the 50 candidates only (a PyTorch version of
+the same pass stands in where the native library cannot be built). Both use the same
+counter-based noise and choose by Gumbel-max, so they pick identical ids.
 
 Talker defaults (reference ``generate``): temperature 0.9, top-k 50, top-p 1.0, repetition
 penalty 1.05 over the previously generated codec ids (HF semantics: logit / penalty if > 0,
 else logit * penalty), ids 2048..3071 suppressed except EOS 2150, and EOS also suppressed for
 the first ``min_new_tokens`` = 2 steps.
 
-The random draw per talker step is ``q ~ Exp(1)`` over the whole vocabulary; the choice is
+The random draw of talker step ``n`` is ``q = -log u ~ Exp(1)`` over the whole vocabulary, with
+``u`` the counter-based uniforms of key ``frame_noise_key(seed, n)`` at indices
+``TALKER_NOISE_BASE + id`` (apart from the residual codebooks' indices); the choice is
 ``argmax(logit / T - log q)`` over the surviving ids, which is a draw from
 ``softmax(logit / T)`` restricted to them (Gumbel-max; ``-log q`` is Gumbel noise).
 """
@@ -49,14 +52,19 @@ def frame_noise_key(seed: int, frame: int) -> int:
     return ((seed & 0xFFFFFFFF) << 32 | (frame & 0xFFFFFFFF)) & _U64
 
 
-def counter_uniforms(key: int, groups: int = 15, size: int = 2048) -> Tensor:
-    """The uniforms [groups, size] that noise key ``key`` stands for (index = group * size + id)."""
+TALKER_NOISE_BASE = 1 << 40
+"""Index of the talker's noise for vocabulary id 0 (the residual codebooks use 0 .. 15 * 2048)."""
+
+
+def counter_uniforms(key: int, groups: int = 15, size: int = 2048, base: int = 0) -> Tensor:
+    """The uniforms [groups, size] that noise key ``key`` stands for (index = base + group * size + id)."""
     import numpy as np
 
     if not 0 <= key <= _U64:
         raise ValueError(f"noise key must be a uint64, got {key}")
     with np.errstate(over="ignore"):
-        z = np.uint64(key) + (np.arange(groups * size, dtype=np.uint64) + np.uint64(1)) * np.uint64(_GOLDEN)
+        index = np.arange(groups * size, dtype=np.uint64) + np.uint64(base) + np.uint64(1)
+        z = np.uint64(key) + index * np.uint64(_GOLDEN)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
         z ^= z >> np.uint64(31)
@@ -104,7 +112,7 @@ class SamplerConfig:
 
 
 class _TalkerSampler:
-    """Seeded state shared by both talker samplers: generator, history, step count."""
+    """Seeded state shared by both talker samplers: seed, history (the step count is its length)."""
 
     def __init__(self, config: SamplerConfig | None = None, seed: int = 0):
         self.config = config or SamplerConfig()
@@ -114,14 +122,19 @@ class _TalkerSampler:
     def reset(self, seed: int | None = None) -> None:
         if seed is not None:
             self.seed = seed
-        self.generator = torch.Generator().manual_seed(self.seed)
         self.history: list[int] = []
         self._seen = torch.zeros(self.config.vocab, dtype=torch.bool)
         self._seen_ids = torch.empty(0, dtype=torch.int64)
 
+    @property
+    def noise_key(self) -> int:
+        """The counter-based noise key of the coming step."""
+        return frame_noise_key(self.seed, len(self.history))
+
     def draw(self) -> Tensor:
         """The step's noise: Exp(1) over the whole vocabulary (same draw in both samplers)."""
-        return torch.empty(self.config.vocab).exponential_(generator=self.generator)
+        u = counter_uniforms(self.noise_key, 1, self.config.vocab, base=TALKER_NOISE_BASE)[0]
+        return -torch.log(u)
 
     def _record(self, token: int) -> int:
         self.history.append(token)
@@ -164,14 +177,35 @@ class EagerSampler(_TalkerSampler):
 
 
 class FastSampler(_TalkerSampler):
-    """One pass: masks and penalty by index ops on a preallocated buffer, then top-k only."""
+    """One pass: the native ``vo_talker_sample`` when the library builds here, else the same
+    arithmetic as PyTorch index ops on a preallocated buffer; top-k candidates only."""
 
-    def __init__(self, config: SamplerConfig | None = None, seed: int = 0):
+    def __init__(self, config: SamplerConfig | None = None, seed: int = 0, native: bool | None = None):
         super().__init__(config, seed)
-        self._buf = torch.empty(self.config.vocab)
+        self._buf = torch.empty(2 * self.config.vocab)
+        self._lib = _native_lib() if native is None or native else None
+        if native and self._lib is None:
+            raise RuntimeError("the native sampler needs the native library (vllm_omni.cpu.native), which failed to load")
 
     def sample(self, logits: Tensor) -> int:
-        cfg, buf = self.config, self._buf
+        return self._record(self._sample_native(logits) if self._lib is not None else self._sample_torch(logits))
+
+    def _sample_native(self, logits: Tensor) -> int:
+        cfg = self.config
+        x = logits if logits.dtype == torch.float32 and logits.is_contiguous() else logits.float().contiguous()
+        ids = self._seen_ids
+        token = self._lib.vo_talker_sample(
+            x.data_ptr(), cfg.vocab, ids.data_ptr() if ids.numel() else None, ids.numel(),
+            float(cfg.repetition_penalty), cfg.codebook_size, cfg.eos_id,
+            int(len(self.history) < cfg.min_new_tokens), float(cfg.temperature), cfg.top_k, float(cfg.top_p),
+            self.noise_key, TALKER_NOISE_BASE, self._buf.data_ptr(),
+        )
+        if token < 0:
+            raise ValueError(f"vo_talker_sample refused logits of shape {list(logits.shape)} with {cfg}")
+        return int(token)
+
+    def _sample_torch(self, logits: Tensor) -> int:
+        cfg, buf = self.config, self._buf[: self.config.vocab]
         q = self.draw()
         buf.copy_(logits)
         ids = self._seen_ids
@@ -185,7 +219,17 @@ class FastSampler(_TalkerSampler):
         vals = vals / cfg.temperature
         if cfg.top_p < 1.0:
             vals = _top_p_sorted(vals, cfg.top_p)
-        return self._record(int(idx[torch.argmax(vals - torch.log(q[idx]))]))
+        return int(idx[torch.argmax(vals - torch.log(q[idx]))])
+
+
+def _native_lib():
+    """The native library, or None where it cannot be built (no compiler)."""
+    try:
+        from vllm_omni.cpu import native
+
+        return native.load()
+    except Exception:  # noqa: BLE001 - no compiler or a failed build: the PyTorch path stands in
+        return None
 
 
 def _top_p_sorted(vals: Tensor, top_p: float) -> Tensor:

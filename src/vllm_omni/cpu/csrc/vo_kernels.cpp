@@ -776,6 +776,66 @@ int32_t vo_linear(int32_t fmt, const VoMat* mp, const float* x, int32_t M, float
     return 0;
 }
 
+// Codebook 0 of a talker step in one pass over the vocabulary (vllm_omni.cpu.sampler.FastSampler):
+// repetition penalty on the ids in seen[n_seen] (x / penalty if x > 0, else x * penalty), ids
+// [codebook_size, V) suppressed except eos_id, eos_id too when mask_eos, then the top_k of
+// logits / temperature, the nucleus filter when top_p < 1, and Gumbel-max with the counter-based
+// noise of noise_key at index noise_base + id. scratch holds 2 V floats. Returns the id, or -1.
+int64_t vo_talker_sample(const float* logits, int64_t V, const int64_t* seen, int64_t n_seen, float penalty,
+                         int64_t codebook_size, int64_t eos_id, int32_t mask_eos, float temperature, int32_t top_k,
+                         float top_p, uint64_t noise_key, uint64_t noise_base, float* scratch) {
+    if (V < 1 || top_k < 1 || temperature <= 0.f) return -1;
+    const float ninf = -std::numeric_limits<float>::infinity();
+    float* s = scratch;
+    std::memcpy(s, logits, sizeof(float) * V);
+    for (int64_t j = 0; j < n_seen; ++j) {
+        const int64_t id = seen[j];
+        if (id < 0 || id >= V) return -1;
+        s[id] = s[id] > 0.f ? s[id] / penalty : s[id] * penalty;
+    }
+    for (int64_t i = codebook_size; i < V; ++i)
+        if (i != eos_id) s[i] = ninf;
+    if (mask_eos && eos_id >= 0 && eos_id < V) s[eos_id] = ninf;
+    // the top_k ids, in descending order of their values (ties: lower id first)
+    const int64_t k = std::min<int64_t>(top_k, V);
+    int64_t* idx = (int64_t*)(scratch + V);  // V floats of room for k int64 ids (k <= V / 2 here)
+    if (2 * k > V) return -1;
+    std::vector<int64_t> order;
+    order.reserve((size_t)V);
+    for (int64_t i = 0; i < V; ++i)
+        if (s[i] > ninf) order.push_back(i);
+    if (order.empty()) return -1;
+    const int64_t kk = std::min<int64_t>(k, (int64_t)order.size());
+    auto desc = [&](int64_t a, int64_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); };
+    std::partial_sort(order.begin(), order.begin() + kk, order.end(), desc);
+    for (int64_t j = 0; j < kk; ++j) idx[j] = order[(size_t)j];
+    int64_t keep = kk;
+    if (top_p < 1.f) {  // smallest prefix whose mass reaches top_p (mass strictly above each rank < top_p)
+        const float m = s[idx[0]] / temperature;
+        double z = 0.0;
+        for (int64_t j = 0; j < kk; ++j) z += std::exp((double)(s[idx[j]] / temperature - m));
+        double above = 0.0;
+        keep = 0;
+        for (int64_t j = 0; j < kk; ++j) {
+            if (above >= (double)top_p) break;
+            above += std::exp((double)(s[idx[j]] / temperature - m)) / z;
+            ++keep;
+        }
+    }
+    int64_t best = idx[0];
+    float bv = ninf;
+    for (int64_t j = 0; j < keep; ++j) {
+        const int64_t id = idx[j];
+        const float u = counter_uniform(noise_key, noise_base + (uint64_t)id);
+        const float v = s[id] / temperature + -std::log(-std::log(u));
+        if (v > bv) {
+            bv = v;
+            best = id;
+        }
+    }
+    return best;
+}
+
 // One talker step: x[H] at position pos -> hidden[H] (after the final norm) and
 // logits[head.rows] = head . hidden.
 int32_t vo_talker_step(const VoStack* stp, const VoMat* head, const float* x, int32_t pos, float* logits,
