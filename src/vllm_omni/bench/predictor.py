@@ -35,6 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="few repetitions: for doctests, not for figures")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5; --quick 1)")
+    p.add_argument("--variant", choices=("native", "avx2", "generic"), default="native",
+                   help="build of the fused kernels: this CPU's full ISA (default), AVX2 only, or plain C")
     add_output(p)
     p.set_defaults(func=run)
 
@@ -75,12 +77,12 @@ class _Reference:
 
 
 class _Fused:
-    def __init__(self, weights, fmt: str, threads: int):
+    def __init__(self, weights, fmt: str, threads: int, variant: str = "native"):
         import torch
 
         from vllm_omni.cpu.predictor import FusedPredictor
 
-        self.p = FusedPredictor(weights, fmt=fmt, threads=threads)
+        self.p = FusedPredictor(weights, fmt=fmt, threads=threads, variant=variant)
         self.x = torch.randn(1, weights.spec.predictor.hidden, generator=torch.Generator().manual_seed(1)) * 0.5
 
     def set_threads(self, t: int) -> None:
@@ -123,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     runners = {}
     for impl in impls:
         try:
-            runners[impl] = _Reference(w, args.weights) if impl == "reference" else _Fused(w, args.weights, max(counts))
+            runners[impl] = _Reference(w, args.weights) if impl == "reference" else _Fused(w, args.weights, max(counts), args.variant)
         except (ValueError, NotImplementedError, RuntimeError, OSError) as exc:
             raise BenchError(f"--impl {impl} cannot run --weights {args.weights}: {exc}") from None
     g = torch.Generator().manual_seed(args.seed + 1)
@@ -164,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
     tcs = "-".join(str(t) for t in counts)
     write_measured(
         args,
-        artifact_id=f"cpu-path/predictor-{args.impl}-{args.weights}-t{tcs}{model}{'-quick' if args.quick else ''}",
+        artifact_id=(f"cpu-path/predictor-{args.impl}-{args.weights}-t{tcs}{model}"
+                     f"{'' if args.variant == 'native' else '-' + args.variant}{'-quick' if args.quick else ''}"),
         title=f"Code predictor per pass and per frame vs the bandwidth floor ({args.model}, {args.weights})",
         columns=[
             {"name": "impl", "unit": None, "type": "text"},
@@ -187,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
         source=f"vllm-omni-bench predictor ({args.impl})",
         compare={"tolerance": 0.15, "key_columns": ["impl", "weights", "threads"],
                  "columns": ["pass median", "frame median", "pass / floor", "frame pass / floor"]},
-        run={"bytes_per_pass": nbytes, "read_bandwidth_gbps": bandwidth, "native_isa": isa() if "fused" in impls else None,
+        run={"bytes_per_pass": nbytes, "read_bandwidth_gbps": bandwidth,
+             "native_isa": isa(args.variant) if "fused" in impls else None, "variant": args.variant,
              "rounds": rounds, "pass_repeats_per_round": pass_reps, "frame_repeats_per_round": frame_reps,
              "pass_kv_position": PASS_POSITION, "reference_over_fused_pass": ref_vs_fused},
         notes=("Random weights of the published shapes: speed does not depend on weight values. "
