@@ -109,7 +109,7 @@ def test_sampler_benchmark_quick_writes_artifact(tmp_path):
 
     assert main(["sampler", "--quick", "--threads", "1", "--repeats", "3", "--output", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "cpu-path" / "sampler-t1-quick.json").read_text())
-    assert data["origin"] == "measured" and len(data["rows"]) == 3
+    assert data["origin"] == "measured" and len(data["rows"]) == 4
     assert "peak_rss_mib" in data["provenance"]["run"]
 
 
