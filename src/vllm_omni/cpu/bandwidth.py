@@ -49,7 +49,7 @@ def torch_read_bandwidth(threads: int, quick: bool = False) -> float:
     torch.set_num_threads(int(threads))
     try:
         x = torch.empty(nbytes // 4, dtype=torch.float32)
-        advise_huge(x.data_ptr(), nbytes, collapse=False)  # before the first touch, as the native probe
+        advise_huge(x.data_ptr(), nbytes)  # before the first touch, as the native probe
         x.fill_(1.0)
         x.sum()  # warm-up
         best = float("inf")

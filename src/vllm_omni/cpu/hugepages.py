@@ -3,9 +3,9 @@
 Why: a predictor pass streams 45 to 323 MB of weights, and with 4 KiB pages every 4 KiB of
 that stream needs its own TLB entry. Where transparent huge pages are in ``madvise`` mode (the
 development host's setting) nothing gets them unless asked, so the packed weights are asked
-for them: ``MADV_HUGEPAGE`` on the 2 MiB-aligned interior of each buffer, then
-``MADV_COLLAPSE`` (Linux 6.1+) to move pages already touched into huge pages at once. The
-bandwidth probes advise their buffers the same way, so the floor gets the same benefit.
+for them: ``MADV_HUGEPAGE`` on the 2 MiB-aligned interior of a buffer before it is first
+touched. The bandwidth probes advise their buffers the same way, so the floor gets the same
+benefit.
 
 Everything here is best effort: on other systems, or when the kernel refuses, the buffers
 stay as they are and the functions report 0 bytes.
@@ -20,7 +20,6 @@ from functools import lru_cache
 
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14
-MADV_COLLAPSE = 25
 
 
 @lru_cache(maxsize=1)
@@ -44,15 +43,13 @@ def _interior(address: int, nbytes: int) -> tuple[int, int]:
     return start, max(0, end - start)
 
 
-def advise_huge(address: int, nbytes: int, *, collapse: bool = True) -> int:
-    """Ask for huge pages on the aligned interior of a buffer; the bytes now covered (0 if refused)."""
+def advise_huge(address: int, nbytes: int) -> int:
+    """Ask for huge pages on the aligned interior of a not yet touched buffer; bytes covered (0 if refused)."""
     madvise = _madvise()
     start, length = _interior(address, nbytes)
     if madvise is None or length == 0:
         return 0
     if madvise(start, length, MADV_HUGEPAGE) != 0:
-        return 0
-    if collapse and madvise(start, length, MADV_COLLAPSE) != 0:
         return 0
     return length
 
@@ -82,7 +79,7 @@ def into_huge_arena(items: list) -> tuple[object | None, list, int]:
         total += (_nbytes(t) + 63) // 64 * 64
     arena = torch.empty(total + HUGE_PAGE, dtype=torch.uint8)
     base = (arena.data_ptr() + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE - arena.data_ptr()
-    covered = advise_huge(arena.data_ptr() + base, total, collapse=False)
+    covered = advise_huge(arena.data_ptr() + base, total)
 
     def view(t, off):
         v = arena[base + off: base + off + _nbytes(t)].view(t.dtype).view(t.shape)

@@ -190,24 +190,20 @@ void quantize_act(const float* x, int64_t n, Act& a) {
 // ---------------------------------------------------------------------------------------------
 // Row dot products.
 
-// fp32 row dot. The 512-bit version is opt-in (-DVO_F32_AVX512): on the development host (Zen 4,
-// which splits 512-bit operations in two) the 256-bit loop below read fp32 weights about 20 %
-// faster at 1 and 2 threads (results/cpu-path/predictor-fused-fp32-t1-2-avx2.json).
+#if defined(VO_AVX2)
+inline float hsum256(__m256 t) {
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+#endif
+
+// fp32 row dot, 256-bit even where AVX-512 exists: on the development host (Zen 4, which splits
+// 512-bit operations in two) a 512-bit loop read fp32 weights about 20 % slower at 1 and 2
+// threads than this one (results/cpu-path/predictor-fused-fp32-t1-2-avx2.json).
 inline float dot_f32(const float* w, const float* a, int64_t n) {
-#if defined(__AVX512F__) && defined(VO_F32_AVX512)
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(a + i), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(a + i + 16), s1);
-        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 32), _mm512_loadu_ps(a + i + 32), s2);
-        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 48), _mm512_loadu_ps(a + i + 48), s3);
-    }
-    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(a + i), s0);
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
-    for (; i < n; ++i) s += w[i] * a[i];
-    return s;
-#elif defined(VO_AVX2)
+#if defined(VO_AVX2)
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -217,11 +213,7 @@ inline float dot_f32(const float* w, const float* a, int64_t n) {
         s3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(a + i + 24), s3);
     }
     for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(a + i), s0);
-    __m256 t = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    float s = _mm_cvtss_f32(r);
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
     for (; i < n; ++i) s += w[i] * a[i];
     return s;
 #else
@@ -235,14 +227,6 @@ inline float dot_f32(const float* w, const float* a, int64_t n) {
 #endif
 }
 
-#if defined(VO_AVX2) && !defined(VO_AVX512VNNI)
-inline float hsum256(__m256 t) {
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-#endif
 
 // int8 row (without its row scale) . quantised activation. n is a multiple of 64.
 inline float dot_q8(const int8_t* w, const Act& a, int64_t n) {
@@ -371,11 +355,7 @@ inline float dot_q4(const uint8_t* qs, const uint16_t* sc, const Act& a, int64_t
             c -= 64;
         }
     }
-    __m256 t = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
+    return hsum256(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
 #elif defined(VO_AVX2)
     alignas(64) float cs[Q4_MAX_GROUPS];
     q4_scales(sc, a, n / 32, cs);
