@@ -20,6 +20,15 @@ def test_quick_probe_returns_positive_gbps():
     assert probes["native"] > 0 and probes["torch"] > 0
 
 
+def test_working_set_probe_takes_part_in_best():
+    from vllm_omni.cpu.bandwidth import read_bandwidth_probes, working_set_read_bandwidth
+
+    probes = read_bandwidth_probes(1, quick=True, working_set=8 << 20)
+    assert set(probes) == {"native", "torch", "working_set", "best"}
+    assert probes["best"] == max(probes["native"], probes["torch"], probes["working_set"])
+    assert working_set_read_bandwidth(1, 1000, quick=True) > 0  # rounds up to one 2 MiB page
+
+
 def test_bench_bandwidth_writes_a_valid_artifact(tmp_path):
     from vllm_omni.bench.cli import main
 

@@ -215,6 +215,7 @@ def test_every_artifact_page_and_raw_file_resolves(browser, served):
 @pytest.mark.browser
 @pytest.mark.slow
 def test_search_finds_a_figures_page(browser, served):
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
@@ -229,12 +230,16 @@ def test_search_finds_a_figures_page(browser, served):
     box.send_keys("204.8")  # the Orin AGX bandwidth, a figure in the device-simulation tables
     box.send_keys(Keys.SPACE)  # Material searches as one types; a key event after the figure triggers it
 
-    def hits(d):
-        found = [a.get_attribute("href") for a in d.find_elements(By.CSS_SELECTOR, ".md-search-result__item a")]
-        return found or None
+    seen: list[str] = []
 
-    found = WebDriverWait(browser, 30).until(hits)
-    assert any("device-simulation" in h for h in found), found
+    def hits(d):  # the result list re-renders while the query settles: wait for the page sought
+        seen[:] = [a.get_attribute("href") for a in d.find_elements(By.CSS_SELECTOR, ".md-search-result__item a")]
+        return any("device-simulation" in h for h in seen)
+
+    try:
+        WebDriverWait(browser, 30, ignored_exceptions=(StaleElementReferenceException,)).until(hits)
+    except TimeoutException:
+        pytest.fail(f"no device-simulation page among the search results: {seen}")
 
 
 @pytest.mark.browser

@@ -283,11 +283,11 @@ def test_vo_linear_matches_dequantized_matmul(fmt):
 
     lib = native.load()
     g = torch.Generator().manual_seed(3)
-    w = torch.randn(333, 256, generator=g)
+    w = torch.randn(333, 320, generator=g)  # int4: one superblock and a 64-input tail per row
     m = quantize(w, fmt)
     ref_w = w if fmt == "fp32" else dequantize(m)
     for rows in (1, 3, 8):
-        x = torch.randn(rows, 256, generator=g)
+        x = torch.randn(rows, 320, generator=g)
         ys = []
         for threads in (1, 2):
             y = torch.full((rows, 333), float("nan"))
@@ -303,3 +303,20 @@ def test_vo_linear_matches_dequantized_matmul(fmt):
             assert float(err.max()) < QUANT_MAX_REL * float(ref.abs().max())
     bad = native.VoMat(None, None, 4, 100)  # 100 inputs: not a multiple of 64
     assert lib.vo_linear(0, ctypes.byref(bad), x.data_ptr(), 1, x.data_ptr(), 1) == -1
+
+
+def test_vo_linear_int4_takes_long_rows():
+    """No limit on the row length: 33024 inputs (129 superblocks, more than 1024 scale groups)."""
+    import ctypes
+
+    from vllm_omni.cpu import native
+    from vllm_omni.cpu.predictor import vo_mat
+    from vllm_omni.cpu.quant import dequantize, quantize
+
+    g = torch.Generator().manual_seed(5)
+    m = quantize(torch.randn(12, 33024, generator=g), "int4")
+    x = torch.randn(2, 33024, generator=g)
+    y = torch.empty(2, 12)
+    assert native.load().vo_linear(native.FMT_CODES["int4"], ctypes.byref(vo_mat(m)), x.data_ptr(), 2, y.data_ptr(), 2) == 0
+    ref = x @ dequantize(m).T
+    assert float((y - ref).abs().max()) < QUANT_MAX_REL * float(ref.abs().max())

@@ -63,6 +63,23 @@ def test_int4_layout_pairs_groups_in_nibbles():
     assert torch.all(hi - 8 == 7)
 
 
+def test_int4_superblocks_give_each_4_byte_lane_one_group():
+    # 256 inputs: byte 4k + i of block v holds element 8v + i of group k (low nibble) and
+    # element 8v + 4 + i (high nibble); a 64-input tail after it keeps the pair layout
+    cols = 256 + 64
+    n = torch.arange(cols) % 15 - 7  # values -7..7 that say where they came from
+    m = quantize((n * 1.0).view(1, cols) * torch.ones(3, 1), "int4")  # every group scale is 1
+    assert torch.all(m.scale.float() == 1.0)
+    nib = [(m.data[0] & 0x0F).long() - 8, (m.data[0] >> 4).long() - 8]
+    for v in range(4):
+        for k in range(8):
+            for i in range(4):
+                byte = 32 * v + 4 * k + i
+                assert nib[0][byte] == n[32 * k + 8 * v + i] and nib[1][byte] == n[32 * k + 8 * v + 4 + i]
+    assert torch.equal(nib[0][128:160], n[256:288]) and torch.equal(nib[1][128:160], n[288:320])
+    assert torch.equal(dequantize(m), (n * 1.0).view(1, cols).expand(3, cols))
+
+
 def test_relative_error_is_small_on_model_like_weights():
     w = torch.randn(512, 1024, generator=torch.Generator().manual_seed(1)) * 0.02
     for fmt, bound in (("int8", 0.01), ("int4", 0.12)):

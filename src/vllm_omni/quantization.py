@@ -36,8 +36,7 @@ implementation, so a compiled model sees one call), which picks:
   NaN, inf, or outside :data:`ACT_RANGE` (``[2**-100, 2**100]``) to the fallback, which
   behaves like a matmul there (NaN and inf propagate, tiny rows keep their values);
 - **a fallback** where the native GEMV does not serve the call: calls with more than
-  ``NATIVE_MAX_ROWS`` rows (prefill chunks), int4 layers with more than 32768 inputs (the
-  kernel's ``Q4_MAX_GROUPS``), layers whose input size is not a multiple of 64, activations
+  ``NATIVE_MAX_ROWS`` rows (prefill chunks), layers whose input size is not a multiple of 64, activations
   out of the kernel's range (above), and every call when the native library cannot be built
   here (no C++ compiler) or fails a one-product self-test when it is loaded. The fallback is
   PyTorch's ``aten._weight_int8pack_mm`` over the same int8 bytes and scales for int8, and a
@@ -91,8 +90,6 @@ PACK_MULTIPLE = 64
 FMT_CODES = {"int8": 1, "int4": 2}  # the native library's format codes (vllm_omni.cpu.native.FMT_CODES)
 NATIVE_MAX_ROWS = 8
 """Calls with at most this many rows (decode batches) use the native GEMV (one ``vo_linear`` call for all rows)."""
-INT4_MAX_INPUTS = 32768
-"""The native int4 kernel keeps the per-row group scales on the stack: at most 1024 groups of 32."""
 ACT_RANGE = (2.0 ** -100, 2.0 ** 100)
 """A call with a nonzero row whose largest ``|x|`` is outside this range (or NaN) goes to the fallback."""
 
@@ -146,8 +143,6 @@ def native_serves(fmt: str, in_features: int, rows: int) -> bool:
     the kernel's range (:func:`in_kernel_range`) to the fallback.
     """
     if rows < 1 or rows > NATIVE_MAX_ROWS or in_features % PACK_MULTIPLE:
-        return False
-    if fmt == "int4" and in_features > INT4_MAX_INPUTS:
         return False
     return native_library() is not None
 

@@ -233,7 +233,7 @@ PREFILL_COLUMNS = [
 ]
 
 
-def _single_rows(part: str, fmts: list[str], counts: list[int], probe: Callable[[str, int], float],
+def _single_rows(part: str, fmts: list[str], counts: list[int], probe: Callable[[str, int, int], float],
                  build: Callable[[str, int], tuple[Any, _Engine | None]], rounds: int, repeats: int) -> list[list[Any]]:
     """Rows of one single-token part: per format, both engines built once and timed per thread count."""
     from vllm_omni.engines.gguf_export import gguf_type
@@ -243,7 +243,7 @@ def _single_rows(part: str, fmts: list[str], counts: list[int], probe: Callable[
         llama, ours = build(fmt, max(counts))
         engines = {"llama.cpp": llama} | ({"ours": ours} if ours is not None else {})
         for t in counts:
-            bw = probe(f"{part} {fmt} t{t}", t)
+            bw = probe(f"{part} {fmt} t{t}", t, (ours or llama).nbytes)
             s = _interleave(engines, t, rounds, repeats)
             l_med, o_med = median(s["llama.cpp"]), (median(s["ours"]) if ours else None)
             rows.append([
@@ -295,8 +295,8 @@ def run(args: argparse.Namespace) -> int:
     ver = llamacpp.versions()
     bandwidth: dict[str, dict[str, float]] = {}
 
-    def probe(case: str, threads: int) -> float:
-        bw = read_bandwidth_probes(threads, quick=args.quick)
+    def probe(case: str, threads: int, nbytes: int) -> float:
+        bw = read_bandwidth_probes(threads, quick=args.quick, working_set=nbytes)
         bandwidth[case] = {k: round(v, 2) for k, v in bw.items()}
         return bw["best"]
     need = set(parts)
@@ -335,7 +335,8 @@ def run(args: argparse.Namespace) -> int:
     same_weights = ("Random weights of the published shapes, identical in both engines (written as GGUF by "
                     "vllm_omni.engines.gguf_export): speed does not depend on weight values. ")
     bw_note = ("Bandwidth fraction = weight bytes per call / median time / read bandwidth measured right before "
-               "that row's rounds at the same thread count (best of a native wide-load probe and a torch sum); "
+               "that row's rounds at the same thread count (best of a native wide-load probe and a torch sum streaming "
+               "1 GiB, and the native probe re-reading a buffer of that call's weight bytes, ours where we run it); "
                "KV-cache reads are not counted (llama.cpp's cache is F16 by default, ours fp32). ")
 
     def bw_of(part: str) -> dict[str, dict[str, float]]:

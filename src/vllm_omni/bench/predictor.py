@@ -2,14 +2,17 @@
 
 One run can time the eager reference and the fused kernel interleaved (``--impl both``, the
 default), so their ratio and the bandwidth floor come from the same minutes on the same host.
-For every thread count it measures, in this order: the read bandwidth at that thread count
-(``vllm_omni.cpu.bandwidth``), then rounds that alternate the implementations.
+For every thread count it runs rounds that alternate the implementations, each round preceded
+by the read-bandwidth probes at that thread count.
 
 - per pass: one single-token pass (5 layers, final norm, one ``lm_head``) at KV position 8;
 - per frame: the 15 passes of a frame with top-k Gumbel sampling from fixed uniforms,
   reported also divided by 15;
 - floor: weight bytes per pass in the format (``vllm_omni.models.predictor_pass_bytes``)
-  divided by the measured read bandwidth.
+  divided by the best read bandwidth measured in the run; the probes (``vllm_omni.cpu.bandwidth``,
+  among them one that re-reads a buffer the size of the pass, as the passes re-read their
+  weights) run before every round, and each round's pass median over that round's floor is
+  reported too.
 """
 
 from __future__ import annotations
@@ -137,28 +140,40 @@ def run(args: argparse.Namespace) -> int:
 
     rows, bandwidth = [], {}
     for t in counts:
-        bw = read_bandwidth_probes(t, quick=args.quick)
-        bandwidth[str(t)] = {k: round(v, 2) for k, v in bw.items()}
-        floor_ms = nbytes / (bw["best"] * 1e9) * 1e3
         samples = {impl: {"pass": [], "frame": []} for impl in impls}
+        paired = {impl: [] for impl in impls}  # per round: pass median / that round's floor
+        probes = []
         for r in runners.values():
             r.set_threads(t)
             r.pass_once()
             r.frame(ph, c0, u)  # warm-up
         for _ in range(rounds):
+            # The probes run before every round: this host's bandwidth moves between runs
+            # (the placement of its vCPUs), and the floor takes the best reading of the run.
+            bw = read_bandwidth_probes(t, quick=args.quick, working_set=nbytes)
+            probes.append(bw)
+            round_floor_ms = nbytes / (bw["best"] * 1e9) * 1e3
             for impl, r in runners.items():
-                samples[impl]["pass"] += time_calls(r.pass_once, repeats=pass_reps, warmup=0)
+                ps = time_calls(r.pass_once, repeats=pass_reps, warmup=0)
+                samples[impl]["pass"] += ps
+                paired[impl].append(median(ps) / round_floor_ms)
                 samples[impl]["frame"] += time_calls(lambda r=r: r.frame(ph, c0, u), repeats=frame_reps, warmup=0)
+        best = max(p["best"] for p in probes)
+        stream = max(max(p["native"], p["torch"]) for p in probes)
+        working_set = max(p["working_set"] for p in probes)
+        bandwidth[str(t)] = {k: [round(p[k], 2) for p in probes] for k in probes[0]} | {"run_best": round(best, 2)}
+        floor_ms = nbytes / (best * 1e9) * 1e3
         for impl in impls:
             p_med, p_min = median(samples[impl]["pass"]), min(samples[impl]["pass"])
             f_med = median(samples[impl]["frame"])
             rows.append([
                 impl, args.weights, t, round(p_med, 3), round(p_min, 3), round(f_med, 2), round(f_med / passes, 3),
-                round(bw["best"], 2), round(floor_ms, 3), round(p_med / floor_ms, 3), round(f_med / passes / floor_ms, 3),
+                round(best, 2), round(floor_ms, 3), round(p_med / floor_ms, 3), round(f_med / passes / floor_ms, 3),
+                round(median(paired[impl]), 3), round(stream, 2), round(working_set, 2),
             ])
             print(f"{impl:9s} {args.weights} t={t}: pass {p_med:.2f} ms (min {p_min:.2f}), frame {f_med:.1f} ms "
-                  f"({f_med / passes:.2f}/pass), floor {floor_ms:.2f} ms/pass at {bw['best']:.1f} GB/s, "
-                  f"pass/floor {p_med / floor_ms:.2f}")
+                  f"({f_med / passes:.2f}/pass), floor {floor_ms:.2f} ms/pass at {best:.1f} GB/s, "
+                  f"pass/floor {p_med / floor_ms:.2f} (paired by round {median(paired[impl]):.2f})")
     ref_vs_fused = None
     if len(impls) == 2:
         ref_vs_fused = {str(t): round(rows[2 * i][3] / rows[2 * i + 1][3], 2) for i, t in enumerate(counts)}
@@ -181,6 +196,9 @@ def run(args: argparse.Namespace) -> int:
             {"name": "floor per pass", "unit": "ms", "type": "number", "format": ".2f"},
             {"name": "pass / floor", "unit": None, "type": "number", "format": ".2f"},
             {"name": "frame pass / floor", "unit": None, "type": "number", "format": ".2f"},
+            {"name": "pass / round floor", "unit": None, "type": "number", "format": ".2f"},
+            {"name": "stream bandwidth", "unit": "GB/s", "type": "number", "format": ".1f"},
+            {"name": "working-set bandwidth", "unit": "GB/s", "type": "number", "format": ".1f"},
         ],
         rows=rows,
         model=spec.name,
@@ -195,8 +213,13 @@ def run(args: argparse.Namespace) -> int:
              "rounds": rounds, "pass_repeats_per_round": pass_reps, "frame_repeats_per_round": frame_reps,
              "pass_kv_position": PASS_POSITION, "reference_over_fused_pass": ref_vs_fused},
         notes=("Random weights of the published shapes: speed does not depend on weight values. "
-               "Floor = weight bytes per pass in the format (5 blocks + final norm + one lm_head) / read bandwidth "
-               "measured in the same run at the same thread count (best of a native wide-load probe and torch sum). "
+               "Floor = weight bytes per pass in the format (5 blocks + final norm + one lm_head) / 'read bandwidth', "
+               "the best read bandwidth measured in the same run at the same thread count: 'stream bandwidth' is "
+               "the best of a native wide-load probe and torch sum streaming 1 GiB, 'working-set bandwidth' the "
+               "native probe re-reading a buffer the size of the pass (part of it stays in the L3 cache from sweep "
+               "to sweep), all probed before every round (each round's figures in provenance.run). 'pass / round "
+               "floor' is the median over rounds of each round's pass median over the floor from the probes just "
+               "before it. "
                "Eager reference int8 = torch quantize_dynamic, int4 = torch _weight_int4pack_mm_for_cpu (bf16 "
                "activations); their stored bytes differ slightly from the format's. Frames use top-k 50 "
                "Gumbel sampling at temperature 0.9 from fixed uniforms."

@@ -8,9 +8,13 @@ Formats (the byte counts of ``vllm_omni.models.linear_bytes``):
   per row.
 - ``int4``: symmetric, groups of 32 consecutive weights along the input dimension,
   ``w ~= d * (n - 8)`` with ``d = max |w| / 7`` stored as fp16 and ``n`` in 1..15 (``n - 8``
-  in -7..7): 0.5 B per weight plus 2 B per group. Two neighbouring groups share one 32-byte
-  block: byte ``j`` holds element ``j`` of the first group in its low nibble and element ``j``
-  of the second group in its high nibble, so one 256-bit load yields 64 weights in order.
+  in -7..7): 0.5 B per weight plus 2 B per group. The nibbles of a row are laid out for the
+  kernels' integer dots. Each run of 8 groups (256 weights) is a superblock of four 32-byte
+  blocks: byte ``4k + i`` of block ``v`` holds element ``8v + i`` of group ``k`` in its low
+  nibble and element ``8v + 4 + i`` in its high nibble, so every 4-byte lane of a 256-bit load
+  belongs to one group. Where the row length is not a multiple of 256, the last groups pair up
+  in 32-byte blocks: byte ``j`` holds element ``j`` of the first group in its low nibble and
+  element ``j`` of the second in its high nibble.
 
 The matrices keep the ``nn.Linear`` layout ``[out, in]``; ``in`` must be a multiple of 64 for
 the packed formats (every Qwen3-TTS matrix is).
@@ -77,9 +81,31 @@ def quantize(w: Tensor, fmt: str) -> QuantMatrix:
     df = d.float()
     inv = torch.where(df > 0, 1.0 / df, torch.zeros_like(df))
     n = (torch.round(g * inv[:, :, None]).clamp_(-8, 7) + 8).to(torch.uint8)  # [rows, groups, 32]
-    pairs = n.view(rows, cols // 64, 2, INT4_GROUP)
-    packed = pairs[:, :, 0, :] | (pairs[:, :, 1, :] << 4)
-    return QuantMatrix(fmt, packed.reshape(rows, cols // 2).contiguous(), d.contiguous(), rows, cols)
+    return QuantMatrix(fmt, _pack_nibbles(n), d.contiguous(), rows, cols)
+
+
+def _pack_nibbles(n: Tensor) -> Tensor:
+    """``[rows, groups, 32]`` values 0..15 -> ``[rows, groups * 16]`` bytes in the int4 layout."""
+    rows, groups, _ = n.shape
+    full = groups // 8 * 8
+    # superblocks: [rows, s, group k, block v, low/high, i] -> [rows, s, v, k, i, low/high]
+    sb = n[:, :full].reshape(rows, full // 8, 8, 4, 2, 4).permute(0, 1, 3, 2, 5, 4)
+    main = (sb[..., 0] | (sb[..., 1] << 4)).reshape(rows, full * 16)
+    pairs = n[:, full:].reshape(rows, (groups - full) // 2, 2, INT4_GROUP)
+    tail = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(rows, (groups - full) * 16)
+    return torch.cat([main, tail], dim=1).contiguous()
+
+
+def _unpack_nibbles(packed: Tensor, groups: int) -> Tensor:
+    """The inverse of ``_pack_nibbles``: ``[rows, groups, 32]`` values 0..15."""
+    rows = packed.shape[0]
+    full = groups // 8 * 8
+    main = packed[:, : full * 16].reshape(rows, full // 8, 4, 8, 4)  # [rows, s, v, k, i]
+    sb = torch.stack([main & 0x0F, main >> 4], dim=-1)  # [rows, s, v, k, i, low/high]
+    main_n = sb.permute(0, 1, 3, 2, 5, 4).reshape(rows, full, INT4_GROUP)
+    tail = packed[:, full * 16:].reshape(rows, (groups - full) // 2, 1, INT4_GROUP)
+    tail_n = torch.cat([tail & 0x0F, tail >> 4], dim=2).reshape(rows, groups - full, INT4_GROUP)
+    return torch.cat([main_n, tail_n], dim=1)
 
 
 def dequantize(m: QuantMatrix) -> Tensor:
@@ -88,8 +114,7 @@ def dequantize(m: QuantMatrix) -> Tensor:
         return m.data.clone()
     if m.fmt == "int8":
         return m.data.float() * m.scale[:, None]
-    packed = m.data.view(m.rows, m.cols // 64, 1, INT4_GROUP)
-    n = torch.cat([packed & 0x0F, packed >> 4], dim=2).view(m.rows, m.cols // INT4_GROUP, INT4_GROUP)
+    n = _unpack_nibbles(m.data, m.cols // INT4_GROUP)
     w = (n.float() - 8.0) * m.scale.float()[:, :, None]
     return w.view(m.rows, m.cols)
 
