@@ -1,6 +1,6 @@
 """Read bandwidth this host sustains at a given thread count: the bandwidth floor's denominator.
 
-Two probes, the larger wins (a floor some engine beats would be a wrong floor):
+Streaming probes, the larger wins (a floor some engine beats would be a wrong floor):
 
 - native: OpenMP threads each stream their own slice of a >= 1 GiB buffer with the widest
   vector loads the CPU has (``vo_read_bandwidth`` in ``csrc/vo_kernels.cpp``), pages first
@@ -13,10 +13,10 @@ Two probes, the larger wins (a floor some engine beats would be a wrong floor):
 A third probe, for a pass whose bytes are given, reads one buffer of that size again and again,
 as the kernels read their weights pass after pass. A working set of a few tens of MB is partly
 served from the L3 cache on every sweep (the 0.6B int4 predictor pass reads 45 MB; the
-development host has 32 MiB of L3 per core complex), so it reads faster than memory streams: on
-that host 45 MB re-read at about 50 GB/s on one thread against about 31 GB/s streaming 1 GiB, and
-the fused int4 pass on two threads outran the streaming probe. Where it is asked for, this probe
-takes part in ``best``: a floor some pass beats is not a floor.
+development host has 32 MiB of L3 per core complex), so it reads faster than memory streams
+(the *working-set* and *stream bandwidth* columns of the predictor artifacts), and on that host
+the fused int4 pass on two threads outran the streaming probes. Where it is asked for, this
+probe takes part in ``best``: a floor some pass beats is not a floor.
 
 All probes ask for transparent huge pages on their buffer before touching it, as the packed
 weights do (``vllm_omni.cpu.hugepages``). GB/s are 1e9 bytes per second. ``quick`` uses a 256 MiB buffer (still 8x the largest L3 of
