@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
                f"KV cache starts at {cache} positions and grows by one per frame; the text term is a fixed "
                "random vector per frame. Floors count weights only: the talker's at the best streaming read "
                "bandwidth (1 GiB probes), the predictor's at the best of that and re-reading a buffer the size of "
-               "one pass (the cache keeps part of it between the 15 passes); run.read_bandwidth_gbps has each probe." + (" Quick mode: shallow talker, two frames, for doctests only, not a figure."
-                                              if args.quick else "")),
+               "one pass (the cache keeps part of it between the 15 passes); run.read_bandwidth_gbps has each probe."
+               + (" Quick mode: shallow talker, two frames, for doctests only, not a figure." if args.quick else "")),
     )
     return 0

@@ -166,16 +166,16 @@ def run(args: argparse.Namespace) -> int:
         for impl in impls:
             p_med, p_min = median(samples[impl]["pass"]), min(samples[impl]["pass"])
             f_med = median(samples[impl]["frame"])
+            per_round, over_stream = median(paired[impl]), p_med / (nbytes / (stream * 1e9) * 1e3)
             rows.append([
                 impl, args.weights, t, round(p_med, 3), round(p_min, 3), round(f_med, 2), round(f_med / passes, 3),
                 round(best, 2), round(floor_ms, 3), round(p_med / floor_ms, 3), round(f_med / passes / floor_ms, 3),
-                round(median(paired[impl]), 3), round(stream, 2), round(working_set, 2),
-                round(p_med / (nbytes / (stream * 1e9) * 1e3), 3),
+                round(per_round, 3), round(stream, 2), round(working_set, 2), round(over_stream, 3),
             ])
             print(f"{impl:9s} {args.weights} t={t}: pass {p_med:.2f} ms (min {p_min:.2f}), frame {f_med:.1f} ms "
                   f"({f_med / passes:.2f}/pass), floor {floor_ms:.2f} ms/pass at {best:.1f} GB/s, "
-                  f"pass/floor {p_med / floor_ms:.2f} (paired by round {median(paired[impl]):.2f}; over the "
-                  f"{stream:.1f} GB/s streaming floor {p_med * stream * 1e6 / nbytes:.2f})")
+                  f"pass/floor {p_med / floor_ms:.2f} (paired by round {per_round:.2f}; over the "
+                  f"{stream:.1f} GB/s streaming floor {over_stream:.2f})")
     ref_vs_fused = None
     if len(impls) == 2:
         ref_vs_fused = {str(t): round(rows[2 * i][3] / rows[2 * i + 1][3], 2) for i, t in enumerate(counts)}
