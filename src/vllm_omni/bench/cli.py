@@ -21,6 +21,7 @@ SUBCOMMAND_MODULES = (
     "frame",
     "bandwidth",
     "predictor",
+    "gemv",
     "vllm-two-engines",
     "vllm-inprocess",
     "llamacpp",

@@ -766,7 +766,7 @@ int run_threads(const VoStack& st) { return st.threads > 0 ? st.threads : omp_ge
 
 extern "C" {
 
-int32_t vo_version() { return 5; }
+int32_t vo_version() { return 6; }
 
 // The counter-based uniforms of key at indices index0 .. index0 + n - 1 (for tests).
 void vo_counter_uniforms(uint64_t key, uint64_t index0, int64_t n, float* out) {
@@ -815,43 +815,92 @@ int32_t vo_stack_forward(const VoStack* stp, const float* x, int32_t T, int32_t 
     return 0;
 }
 
+}  // extern "C"
+
+namespace {
+
+// Quantised activations of M rows of x (K inputs each) for the row dots, with their own storage.
+struct ActBuffers {
+    std::vector<Act> act;
+    std::vector<int8_t> q, qi;
+    std::vector<float> d, dexp;
+    std::vector<int32_t> gcorr;
+
+    ActBuffers(int fmt, const float* x, int64_t M, int64_t K) : act((size_t)M) {
+        if (fmt != FMT_F32) {
+            q.resize((size_t)(M * K));
+            qi.resize((size_t)(M * K));
+            d.resize((size_t)(M * K / 32));
+            dexp.resize((size_t)(M * K / 4));
+            gcorr.resize((size_t)(M * K / 32));
+        }
+        for (int64_t t = 0; t < M; ++t) {
+            act[t].f = x + t * K;
+            if (fmt == FMT_F32) continue;
+            act[t].q = q.data() + t * K;
+            act[t].d = d.data() + t * K / 32;
+            act[t].dexp = dexp.data() + t * K / 4;
+            act[t].qi = qi.data() + t * K;
+            act[t].gcorr = gcorr.data() + t * K / 32;
+            quantize_act(x + t * K, K, act[t], fmt == FMT_I4);
+        }
+    }
+};
+
+bool linear_ok(int32_t fmt, int64_t K, int64_t N) {
+    return N >= 1 && K >= 64 && K % 64 == 0 && (fmt == FMT_F32 || fmt == FMT_I8 || fmt == FMT_I4);
+}
+
+}  // namespace
+
+extern "C" {
+
 // A plain linear layer: y[t, r] = x[t] . m[r] for t < M, r < m.rows (no norm, no bias), with the
 // same row dots as the stacks (int8/int4 activations quantised per row in blocks of 32). Each
 // weight row is read once for all M rows of x. m.cols must be a multiple of 64. threads <= 0 uses OpenMP's default. Returns 0, or -1 for a bad shape/format.
 int32_t vo_linear(int32_t fmt, const VoMat* mp, const float* x, int32_t M, float* y, int32_t threads) {
     const VoMat& m = *mp;
     const int64_t K = m.cols, N = m.rows;
-    if (M < 1 || N < 1 || K < 64 || K % 64) return -1;
-    if (fmt != FMT_F32 && fmt != FMT_I8 && fmt != FMT_I4) return -1;
-    std::vector<Act> act((size_t)M);
-    std::vector<int8_t> q, qi;
-    std::vector<float> d, dexp;
-    std::vector<int32_t> gcorr;
-    if (fmt != FMT_F32) {
-        q.resize((size_t)(M * K));
-        qi.resize((size_t)(M * K));
-        d.resize((size_t)(M * K / 32));
-        dexp.resize((size_t)(M * K / 4));
-        gcorr.resize((size_t)(M * K / 32));
-    }
-    for (int64_t t = 0; t < M; ++t) {
-        act[t].f = x + t * K;
-        if (fmt == FMT_F32) continue;
-        act[t].q = q.data() + t * K;
-        act[t].d = d.data() + t * K / 32;
-        act[t].dexp = dexp.data() + t * K / 4;
-        act[t].qi = qi.data() + t * K;
-        act[t].gcorr = gcorr.data() + t * K / 32;
-        quantize_act(x + t * K, K, act[t], fmt == FMT_I4);
-    }
+    if (M < 1 || !linear_ok(fmt, K, N)) return -1;
+    const ActBuffers ab(fmt, x, M, K);
 #pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
     for_gemv_rows(fmt, N, [&](int64_t r0, int nr) {
         float v[ROW_TILE];
         for (int64_t t = 0; t < M; ++t) {
-            tile_dot(fmt, m, r0, nr, act[t], v);
+            tile_dot(fmt, m, r0, nr, ab.act[t], v);
             std::memcpy(y + t * N + r0, v, sizeof(float) * nr);
         }
     });
+    return 0;
+}
+
+// The GEMVs of n matrices, one after another as a pass walks its weights, `sweeps` times over,
+// inside one parallel region (as vo_read_bandwidth sweeps its buffer): seconds[i] is the wall
+// time of sweep i, from a barrier to the barrier that ends its last GEMV. Matrix j takes the
+// first mats[j].cols of the K inputs x (quantised blocks of a prefix are the prefix's own); y
+// (at least the largest rows) holds the last matrix's output. For telling how fast the row
+// dots decode packed weights wherever those sit (L2, L3, memory), apart from the rest of a
+// pass: the activations are quantised once, before the timing. Returns 0, or -1 for a bad
+// shape/format.
+int32_t vo_gemv_sweeps(int32_t fmt, const VoMat* mats, int32_t n, const float* x, int64_t K, float* y, int32_t sweeps,
+                       int32_t threads, double* seconds) {
+    if (n < 1 || sweeps < 1 || !linear_ok(fmt, K, 1)) return -1;
+    for (int32_t j = 0; j < n; ++j)
+        if (mats[j].cols > K || !linear_ok(fmt, mats[j].cols, mats[j].rows)) return -1;
+    const ActBuffers ab(fmt, x, 1, K);
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
+    for (int32_t r = 0; r < sweeps; ++r) {
+#pragma omp barrier
+        const double t0 = omp_get_wtime();
+        for (int32_t j = 0; j < n; ++j)
+            for_gemv_rows(fmt, mats[j].rows, [&](int64_t r0, int nr) {  // ends in a barrier
+                float v[ROW_TILE];
+                tile_dot(fmt, mats[j], r0, nr, ab.act[0], v);
+                std::memcpy(y + r0, v, sizeof(float) * nr);
+            });
+#pragma omp master
+        seconds[r] = omp_get_wtime() - t0;
+    }
     return 0;
 }
 
