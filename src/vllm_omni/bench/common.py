@@ -62,6 +62,21 @@ def resolve_threads(threads: int | None) -> int:
     return threads or provenance.usable_cpus()
 
 
+def thread_counts(args: argparse.Namespace) -> list[int]:
+    """The thread counts of a sweep: ``--thread-counts`` (comma-separated), else ``--threads`` or all usable cores."""
+    if getattr(args, "thread_counts", None):
+        try:
+            counts = [int(t) for t in args.thread_counts.split(",") if t.strip()]
+        except ValueError:
+            raise BenchError(
+                f"--thread-counts must be integers separated by commas, got {args.thread_counts!r}") from None
+    else:
+        counts = [resolve_threads(getattr(args, "threads", None))]
+    if not counts or min(counts) < 1:
+        raise BenchError(f"thread counts must be >= 1, got {counts}")
+    return counts
+
+
 def set_threads(threads: int) -> None:
     """Give torch's intra-op pool ``threads`` threads (torch is imported only here, lazily)."""
     import torch

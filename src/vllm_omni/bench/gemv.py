@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_omni.bench.common import BenchError, add_output, median, resolve_threads, time_calls, write_measured
+from vllm_omni.bench.common import BenchError, add_output, median, thread_counts, time_calls, write_measured
 from vllm_omni.bench.predictor import PASS_POSITION
 from vllm_omni.models import get_model
 
@@ -43,17 +43,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _parse_list(text: str, what: str, cast, valid=None) -> list:
-    try:
-        items = [cast(t.strip()) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise BenchError(f"--{what} must be a comma-separated list, got {text!r}") from None
-    if not items:
-        raise BenchError(f"--{what} is empty")
-    bad = [i for i in items if valid is not None and i not in valid]
-    if bad:
-        raise BenchError(f"--{what}: unknown {', '.join(map(str, bad))}; valid: {', '.join(map(str, valid))}")
-    return items
+def _formats(text: str) -> list[str]:
+    fmts = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [f for f in fmts if f not in FORMATS]
+    if not fmts or bad:
+        raise BenchError(f"--weights takes a comma-separated list of {', '.join(FORMATS)}, got {text!r}")
+    return fmts
 
 
 def set_sizes(threads: int, l2: int, l3: int, quick: bool) -> dict[str, int]:
@@ -71,11 +66,8 @@ def run(args: argparse.Namespace) -> int:
     from vllm_omni.cpu.predictor import FusedPredictor
     from vllm_omni.cpu.weights import random_predictor_weights
 
-    fmts = _parse_list(args.weights, "weights", str, FORMATS)
-    counts = (_parse_list(args.thread_counts, "thread-counts", int) if args.thread_counts
-              else [resolve_threads(None)])
-    if min(counts) < 1:
-        raise BenchError(f"thread counts must be >= 1, got {counts}")
+    fmts = _formats(args.weights)
+    counts = thread_counts(args)
     rounds = args.rounds or (1 if args.quick else 3)
     if rounds < 1:
         raise BenchError(f"--rounds must be >= 1, got {rounds}")

@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from vllm_omni.bench.common import BenchError, add_output, median, resolve_threads, time_calls, write_measured
+from vllm_omni.bench.common import BenchError, add_output, median, thread_counts, time_calls, write_measured
 from vllm_omni.bench.predictor import PASS_POSITION
 from vllm_omni.models import get_model
 
@@ -79,18 +79,6 @@ def _choices(value: str | None, valid: tuple[str, ...], default: tuple[str, ...]
     return items
 
 
-def _thread_counts(args: argparse.Namespace) -> list[int]:
-    if args.thread_counts:
-        try:
-            counts = [int(t) for t in args.thread_counts.split(",") if t.strip()]
-        except ValueError:
-            raise BenchError(
-                f"--thread-counts must be integers separated by commas, got {args.thread_counts!r}") from None
-    else:
-        counts = [resolve_threads(args.threads)]
-    if not counts or min(counts) < 1:
-        raise BenchError(f"thread counts must be >= 1, got {counts}")
-    return counts
 
 
 # --- the engines, each as (set_threads, run_once) --------------------------------------------------
@@ -268,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
     spec = get_model(args.model)
     parts = _choices(args.parts, PARTS, ("predictor",) if args.quick else PARTS, "--parts")
     fmts = _choices(args.formats, FORMATS, ("int4",) if args.quick else FORMATS, "--formats")
-    counts = _thread_counts(args)
+    counts = thread_counts(args)
     rounds = args.rounds or (1 if args.quick else 5)
     repeats = args.repeats or (3 if args.quick else 10)
     if rounds < 1 or repeats < 1:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_omni.bench.common import BenchError, WEIGHT_FORMATS, add_output, median, resolve_threads, time_calls, write_measured
+from vllm_omni.bench.common import BenchError, WEIGHT_FORMATS, add_output, median, thread_counts, time_calls, write_measured
 from vllm_omni.models import get_model, predictor_pass_bytes
 
 FUSED_FORMATS = ("fp32", "int8", "int4")
@@ -107,15 +107,7 @@ def run(args: argparse.Namespace) -> int:
     from vllm_omni.cpu.weights import random_predictor_weights
 
     spec = get_model(args.model)
-    if args.thread_counts:
-        try:
-            counts = [int(t) for t in args.thread_counts.split(",") if t.strip()]
-        except ValueError:
-            raise BenchError(f"--thread-counts must be integers separated by commas, got {args.thread_counts!r}") from None
-    else:
-        counts = [resolve_threads(args.threads)]
-    if not counts or min(counts) < 1:
-        raise BenchError(f"thread counts must be >= 1, got {counts}")
+    counts = thread_counts(args)
     impls = ["reference", "fused"] if args.impl == "both" else [args.impl]
     if "fused" in impls and args.weights not in FUSED_FORMATS:
         if args.impl == "fused":
