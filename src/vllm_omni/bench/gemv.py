@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
             raise BenchError(f"the fused predictor cannot run --weights {fmt}: {exc}") from None
         for t in counts:
             p.set_threads(t)
-            sets = {name: G.weight_set(fmt, size, seed=args.seed) for name, size in set_sizes(t, l2_used, l3_used, args.quick).items()}
+            sizes = set_sizes(t, l2_used, l3_used, args.quick)
+            sets = {name: G.weight_set(fmt, size, seed=args.seed) for name, size in sizes.items()}
             sets["pass matrices"] = G.pass_weight_set(p)
             probe = {name: 0.0 for name in SETS}
             sweeps = {name: [] for name in SETS}

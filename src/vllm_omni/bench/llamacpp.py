@@ -79,8 +79,6 @@ def _choices(value: str | None, valid: tuple[str, ...], default: tuple[str, ...]
     return items
 
 
-
-
 # --- the engines, each as (set_threads, run_once) --------------------------------------------------
 
 class _Engine:

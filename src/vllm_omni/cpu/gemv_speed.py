@@ -18,20 +18,24 @@ One matrix is packed from random values and copied: speed does not depend on the
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from vllm_omni.cpu import native
 from vllm_omni.cpu.hugepages import into_huge_arena
+from vllm_omni.cpu.predictor import vo_mat
 from vllm_omni.cpu.quant import QuantMatrix, check_format, quantize
+from vllm_omni.models import linear_bytes
 
 COLS = 1024  # the predictor's hidden size: the input width of most of its matrices
 MATRIX_BYTES = 2 << 20  # about the size of one of the pass's matrices (1.2 to 3.5 MB in int4)
 ROW_MULTIPLE = 64
 
 
-@dataclass
+@dataclasses.dataclass
 class WeightSet:
     """Packed matrices in one arena, as the native kernels take them."""
 
@@ -42,20 +46,12 @@ class WeightSet:
     arena: object  # keeps the views' storage alive
 
 
-def _row_bytes(fmt: str, cols: int) -> int:
-    return {"fp32": 4 * cols, "int8": cols + 4, "int4": cols // 2 + cols // 16}[fmt]
-
-
 def weight_set(fmt: str, nbytes: int, cols: int = COLS, seed: int = 0) -> WeightSet:
     """About ``nbytes`` of ``fmt`` matrices [rows, ``cols``] (rows a multiple of 64, at least 64)."""
-    import torch
-
-    from vllm_omni.cpu.predictor import vo_mat
-
     check_format(fmt)
     if nbytes < 1:
         raise ValueError(f"a weight set needs a positive size, got {nbytes} bytes")
-    per_row = _row_bytes(fmt, cols)
+    per_row = linear_bytes(1, cols, fmt)
     total_rows = max(ROW_MULTIPLE, round(nbytes / per_row / ROW_MULTIPLE) * ROW_MULTIPLE)
     full_rows = max(ROW_MULTIPLE, MATRIX_BYTES // per_row // ROW_MULTIPLE * ROW_MULTIPLE)
     sizes = [full_rows] * (total_rows // full_rows) + ([total_rows % full_rows] if total_rows % full_rows else [])
@@ -69,8 +65,6 @@ def weight_set(fmt: str, nbytes: int, cols: int = COLS, seed: int = 0) -> Weight
 
 def pass_weight_set(predictor) -> WeightSet:
     """The matrices one predictor pass reads, in its order (5 x qkv, o, gate_up, down; one head)."""
-    from vllm_omni.cpu.predictor import vo_mat
-
     mats = [m for m in predictor.native._keep if isinstance(m, QuantMatrix)] + [predictor.heads[0]]
     c_mats = (native.VoMat * len(mats))(*[vo_mat(m) for m in mats])
     return WeightSet(predictor.fmt, mats, c_mats, sum(m.nbytes for m in mats), predictor)
@@ -78,16 +72,12 @@ def pass_weight_set(predictor) -> WeightSet:
 
 def _first_rows(m: QuantMatrix, rows: int) -> QuantMatrix:
     """The first ``rows`` rows of a packed matrix (its data and scales are stored row by row)."""
-    import dataclasses
-
     scale = None if m.scale is None else m.scale[:rows]
     return dataclasses.replace(m, data=m.data[:rows], scale=scale, rows=rows)
 
 
 def gemv_sweep_seconds(ws: WeightSet, threads: int, sweeps: int, variant: str = "native") -> list[float]:
     """Wall seconds of ``sweeps`` sweeps over the set's GEMVs (the first one included: drop it)."""
-    import torch
-
     if threads < 1 or sweeps < 1:
         raise ValueError(f"threads and sweeps must be >= 1, got {threads} and {sweeps}")
     k = max(m.cols for m in ws.mats)
