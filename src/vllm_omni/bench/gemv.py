@@ -84,10 +84,14 @@ def run(args: argparse.Namespace) -> int:
             p = FusedPredictor(w, fmt=fmt, threads=max(counts), variant=args.variant)
         except (ValueError, RuntimeError, OSError) as exc:
             raise BenchError(f"the fused predictor cannot run --weights {fmt}: {exc}") from None
+        by_size: dict[int, G.WeightSet] = {}  # the L3 and memory sets do not depend on the thread count
         for t in counts:
             p.set_threads(t)
             sizes = set_sizes(t, l2_used, l3_used, args.quick)
-            sets = {name: G.weight_set(fmt, size, seed=args.seed) for name, size in sizes.items()}
+            for size in sizes.values():
+                if size not in by_size:
+                    by_size[size] = G.weight_set(fmt, size, seed=args.seed)
+            sets = {name: by_size[size] for name, size in sizes.items()}
             sets["pass matrices"] = G.pass_weight_set(p)
             probe = {name: 0.0 for name in SETS}
             sweeps = {name: [] for name in SETS}
