@@ -62,6 +62,15 @@ def resolve_threads(threads: int | None) -> int:
     return threads or provenance.usable_cpus()
 
 
+def parse_list(text: str, valid: Iterable[str], what: str) -> list[str]:
+    """A comma-separated subset of ``valid`` given as ``--what``, in order, each once."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in items if t not in valid]
+    if bad or not items:
+        raise BenchError(f"--{what} must be a comma-separated subset of {', '.join(valid)}; got {text!r}")
+    return list(dict.fromkeys(items))
+
+
 def thread_counts(args: argparse.Namespace) -> list[int]:
     """The thread counts of a sweep: ``--thread-counts`` (comma-separated), else ``--threads`` or all usable cores."""
     if getattr(args, "thread_counts", None):

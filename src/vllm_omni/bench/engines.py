@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_omni.bench.common import BenchError, add_output, median, resolve_threads, time_calls, write_measured
+from vllm_omni.bench.common import (BenchError, add_output, median, parse_list, resolve_threads, time_calls,
+                                    write_measured)
 from vllm_omni.bench.predictor import PASS_POSITION
 from vllm_omni.models import get_model, predictor_pass_bytes
 
@@ -65,14 +66,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     add_output(p)
     p.set_defaults(func=run)
-
-
-def parse_list(text: str, valid: tuple[str, ...] | dict, what: str) -> list[str]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [t for t in items if t not in valid]
-    if bad or not items:
-        raise BenchError(f"--{what} must be a comma-separated subset of {', '.join(valid)}; got {text!r}")
-    return list(dict.fromkeys(items))
 
 
 def relative_error(got: Any, ref: Any) -> float:

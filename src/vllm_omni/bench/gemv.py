@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_omni.bench.common import BenchError, add_output, median, thread_counts, time_calls, write_measured
+from vllm_omni.bench.common import BenchError, add_output, median, parse_list, thread_counts, time_calls, write_measured
 from vllm_omni.bench.predictor import PASS_POSITION
 from vllm_omni.models import get_model
 
@@ -43,14 +43,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _formats(text: str) -> list[str]:
-    fmts = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [f for f in fmts if f not in FORMATS]
-    if not fmts or bad:
-        raise BenchError(f"--weights takes a comma-separated list of {', '.join(FORMATS)}, got {text!r}")
-    return fmts
-
-
 def set_sizes(threads: int, l2: int, l3: int, quick: bool) -> dict[str, int]:
     """Bytes of the synthetic weight sets at ``threads`` threads (the pass's set has its own size)."""
     return {"in L2": threads * l2 // 2, "in L3": 3 * l3 // 8,
@@ -66,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from vllm_omni.cpu.predictor import FusedPredictor
     from vllm_omni.cpu.weights import random_predictor_weights
 
-    fmts = _formats(args.weights)
+    fmts = parse_list(args.weights, FORMATS, "weights")
     counts = thread_counts(args)
     rounds = args.rounds or (1 if args.quick else 3)
     if rounds < 1:

@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from vllm_omni.bench.common import BenchError, add_output, median, thread_counts, time_calls, write_measured
+from vllm_omni.bench.common import BenchError, add_output, median, parse_list, thread_counts, time_calls, write_measured
 from vllm_omni.bench.predictor import PASS_POSITION
 from vllm_omni.models import get_model
 
@@ -69,14 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _choices(value: str | None, valid: tuple[str, ...], default: tuple[str, ...], flag: str) -> list[str]:
-    if value is None:
-        return list(default)
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    bad = [v for v in items if v not in valid]
-    if bad or not items:
-        raise BenchError(f"{flag} takes a comma-separated subset of {', '.join(valid)}, got {value!r}")
-    return items
+def _choices(value: str | None, valid: tuple[str, ...], default: tuple[str, ...], what: str) -> list[str]:
+    return list(default) if value is None else parse_list(value, valid, what)
 
 
 # --- the engines, each as (set_threads, run_once) --------------------------------------------------
@@ -252,8 +246,8 @@ def run(args: argparse.Namespace) -> int:
     from vllm_omni.engines import EngineUnsupported, llamacpp
 
     spec = get_model(args.model)
-    parts = _choices(args.parts, PARTS, ("predictor",) if args.quick else PARTS, "--parts")
-    fmts = _choices(args.formats, FORMATS, ("int4",) if args.quick else FORMATS, "--formats")
+    parts = _choices(args.parts, PARTS, ("predictor",) if args.quick else PARTS, "parts")
+    fmts = _choices(args.formats, FORMATS, ("int4",) if args.quick else FORMATS, "formats")
     counts = thread_counts(args)
     rounds = args.rounds or (1 if args.quick else 5)
     repeats = args.repeats or (3 if args.quick else 10)
