@@ -56,3 +56,32 @@ def test_huge_arena_views_hold_the_same_values():
         assert arena.data_ptr() <= new.data.data_ptr() < arena.data_ptr() + arena.numel()
     assert torch.equal(d, plain)
     assert covered % HUGE_PAGE == 0  # 0 where the kernel refuses; whole 2 MiB pages otherwise
+
+
+def test_huge_arena_pages_are_untouched_even_after_large_frees():
+    """An arena built after large tensors were freed still gets huge pages.
+
+    The advice only applies to pages faulted in after it; an arena taken from heap memory that a
+    freed tensor had touched stayed in 4 KiB pages (this happened to every arena after the
+    first in a process that had built and dropped fp32 weights).
+    """
+    import torch
+
+    from vllm_omni.cpu.hugepages import HUGE_PAGE, huge_bytes, into_huge_arena
+
+    items = [torch.ones(5 * HUGE_PAGE // 4)]  # 10 MiB of float32
+    first, _, covered_first = into_huge_arena(items)
+    if not covered_first:
+        pytest.skip("no transparent huge pages on this kernel right now")
+    assert covered_first == huge_bytes(first.data_ptr(), first.numel())
+    # glibc's pattern: freeing a 24 MiB mapped chunk raises its mmap threshold, so the next
+    # 16 MiB tensors come from the heap; freed below a live allocation, they leave a touched
+    # hole that a plain allocation of the arena's size is served from
+    x = torch.ones(6 << 20)
+    del x
+    big = [torch.ones(4 << 20) for _ in range(8)]
+    keep = torch.ones(1 << 10)
+    del big
+    second, _, covered = into_huge_arena(items)
+    assert covered == covered_first
+    del keep

@@ -30,7 +30,7 @@ import time
 import torch
 
 from vllm_omni.cpu import native
-from vllm_omni.cpu.hugepages import HUGE_PAGE, advise_huge
+from vllm_omni.cpu.hugepages import HUGE_PAGE, advise_huge, fresh_buffer
 
 GIB = 1 << 30
 
@@ -70,7 +70,7 @@ def torch_read_bandwidth(threads: int, quick: bool = False) -> float:
     old = torch.get_num_threads()
     torch.set_num_threads(int(threads))
     try:
-        x = torch.empty(nbytes // 4, dtype=torch.float32)
+        x = fresh_buffer(nbytes).view(torch.float32)
         advise_huge(x.data_ptr(), nbytes)  # before the first touch, as the native probe
         x.fill_(1.0)
         x.sum()  # warm-up

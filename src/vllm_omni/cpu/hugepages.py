@@ -4,8 +4,8 @@ Why: a predictor pass streams 45 to 323 MB of weights, and with 4 KiB pages ever
 that stream needs its own TLB entry. Where transparent huge pages are in ``madvise`` mode (the
 development host's setting) nothing gets them unless asked, so the packed weights are asked
 for them: ``MADV_HUGEPAGE`` on the 2 MiB-aligned interior of a buffer before it is first
-touched. The bandwidth probes advise their buffers the same way, so the floor gets the same
-benefit.
+touched, in a mapping of its own so that no page of it exists yet (``fresh_buffer``). The
+bandwidth probes advise their buffers the same way, so the floor gets the same benefit.
 
 Everything here is best effort: on other systems, or when the kernel refuses, the buffers
 stay as they are and the functions report 0 bytes.
@@ -58,13 +58,52 @@ def _nbytes(t) -> int:
     return t.numel() * t.element_size()
 
 
+def fresh_buffer(nbytes: int):
+    """A uint8 tensor of ``nbytes`` over pages nothing has touched yet.
+
+    Why: the advice only applies to pages faulted in after it. ``torch.empty`` of a few tens of
+    MiB may come back as heap memory a freed tensor already touched (glibc reuses freed chunks
+    below its mmap threshold), and those pages stay 4 KiB. On Linux the buffer is therefore a
+    private anonymous mapping of its own (unmapped when the tensor is freed); elsewhere it is
+    ``torch.empty``.
+    """
+    import torch
+
+    if sys.platform.startswith("linux"):
+        import mmap
+
+        buf = mmap.mmap(-1, max(1, int(nbytes)), flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        return torch.frombuffer(buf, dtype=torch.uint8, count=int(nbytes)) if nbytes else torch.empty(0, dtype=torch.uint8)
+    return torch.empty(int(nbytes), dtype=torch.uint8)
+
+
+def huge_bytes(address: int, nbytes: int) -> int | None:
+    """Bytes of [address, address + nbytes) backed by huge pages now (``/proc/self/smaps``); None where unknown."""
+    end = address + nbytes
+    total, overlap = 0, 0
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(None, 1)[0]
+                if "-" in head and not head.endswith(":"):
+                    lo, hi = (int(v, 16) for v in head.split("-"))
+                    overlap = max(0, min(hi, end) - max(lo, address))
+                elif overlap and head == "AnonHugePages:":
+                    total += min(overlap, int(line.split()[1]) * 1024)
+    except OSError:
+        return None
+    return total
+
+
 def into_huge_arena(items: list) -> tuple[object | None, list, int]:
     """Copy tensors and packed matrices into one buffer backed by huge pages.
 
     Separate tensors of a few MiB each rarely contain a whole aligned 2 MiB page, so they are
     copied into one arena, 2 MiB-aligned and advised before it is first touched; every item
     comes back as the same kind of object viewing the arena. Returns ``(arena, items,
-    bytes_in_huge_pages)``; the arena must be kept alive as long as the views are used.
+    bytes_in_huge_pages)``, the last as the kernel reports it once the copies are made (the
+    advised length where it cannot tell); the arena must be kept alive as long as the views
+    are used.
     """
     import dataclasses
 
@@ -77,7 +116,7 @@ def into_huge_arena(items: list) -> tuple[object | None, list, int]:
     for t in tensors:
         offsets.append(total)
         total += (_nbytes(t) + 63) // 64 * 64
-    arena = torch.empty(total + HUGE_PAGE, dtype=torch.uint8)
+    arena = fresh_buffer(total + HUGE_PAGE)
     base = (arena.data_ptr() + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE - arena.data_ptr()
     covered = advise_huge(arena.data_ptr() + base, total)
 
@@ -87,6 +126,8 @@ def into_huge_arena(items: list) -> tuple[object | None, list, int]:
         return v
 
     views = [view(t, off) for t, off in zip(tensors, offsets)]
+    measured = huge_bytes(arena.data_ptr(), arena.numel()) if covered else 0
+    covered = covered if measured is None else measured
     out, i = [], 0
     for m in items:
         if isinstance(m, torch.Tensor):

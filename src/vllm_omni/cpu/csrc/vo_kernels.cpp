@@ -1141,8 +1141,12 @@ double vo_read_bandwidth(int64_t bytes, int32_t threads, int32_t reps, int32_t s
     const int64_t huge = 2 << 20;  // 2 MiB: transparent huge pages, as the packed weights get
     bytes = bytes / huge * huge;
     if (bytes <= 0) return -1.0;
-    char* buf = (char*)std::aligned_alloc((size_t)huge, (size_t)bytes);
-    if (!buf) return -2.0;
+    // A fresh private mapping, never memory the allocator hands back already touched (madvise
+    // does not turn pages that already exist into huge ones), 2 MiB-aligned inside it.
+    const size_t mapped = (size_t)(bytes + huge);
+    void* map = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED) return -2.0;
+    char* buf = (char*)(((uintptr_t)map + (uintptr_t)huge - 1) & ~(uintptr_t)(huge - 1));
     madvise(buf, (size_t)bytes, MADV_HUGEPAGE);  // best effort, before the first touch
     const int64_t n = bytes / 64;  // 64-byte lines
     double best = 0.0;
@@ -1172,7 +1176,7 @@ double vo_read_bandwidth(int64_t bytes, int32_t threads, int32_t reps, int32_t s
             }
         }
     }
-    std::free(buf);
+    munmap(map, mapped);
     (void)sink;
     return best;
 }
