@@ -261,3 +261,15 @@ def test_bench_rejects_bad_lists(tmp_path):
 
     assert main(["llamacpp", "--formats", "fp8", "--output", str(tmp_path)]) == 2
     assert main(["llamacpp", "--parts", "vocoder", "--output", str(tmp_path)]) == 2
+
+
+def test_ratio_by_round_is_not_tilted_by_a_change_of_period():
+    """A bandwidth change in the middle of a row can put one engine's median in the fast period
+    and the other's in the slow one; the round-by-round ratio compares calls seconds apart."""
+    from vllm_omni.bench.common import median
+    from vllm_omni.bench.llamacpp import _ratio_by_round
+
+    llama = [1.0, 1.0] + [1.0, 1.0] + [2.0, 2.0]  # rounds 1-2 fast, round 3 slow
+    ours = [0.8, 0.8] + [1.6, 1.6] + [1.6, 1.6]  # the host slowed down between llama.cpp and ours in round 2
+    assert median(llama) / median(ours) < 1  # the medians say llama.cpp is ahead
+    assert _ratio_by_round(llama, ours, rounds=3) == 1.25  # round by round, ours is ahead

@@ -179,6 +179,14 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else round(a / b, 3)
 
 
+def _ratio_by_round(a: list[float], b: list[float], rounds: int) -> float:
+    """Median over rounds of a's median over b's in that round (``_interleave`` order: round by
+    round, ``repeats`` calls each). The two engines of a round run seconds apart, so a change of
+    the host's bandwidth between rounds moves both sides of each ratio alike."""
+    ra, rb = len(a) // rounds, len(b) // rounds
+    return round(median([median(a[i * ra:(i + 1) * ra]) / median(b[i * rb:(i + 1) * rb]) for i in range(rounds)]), 3)
+
+
 def _r(x: float | None, nd: int = 3) -> float | None:
     return None if x is None else round(x, nd)
 
@@ -193,6 +201,7 @@ SINGLE_COLUMNS = [
     {"name": "ours median", "unit": "ms", "type": "number", "format": ".2f"},
     {"name": "ours min", "unit": "ms", "type": "number", "format": ".2f"},
     {"name": "llama.cpp / ours", "unit": None, "type": "number", "format": ".2f"},
+    {"name": "llama.cpp / ours by round", "unit": None, "type": "number", "format": ".2f"},
     {"name": "llama.cpp bytes", "unit": "MB", "type": "number", "format": ".1f"},
     {"name": "ours bytes", "unit": "MB", "type": "number", "format": ".1f"},
     {"name": "read bandwidth", "unit": "GB/s", "type": "number", "format": ".1f"},
@@ -228,7 +237,8 @@ def _single_rows(part: str, fmts: list[str], counts: list[int], probe: Callable[
             l_med, o_med = median(s["llama.cpp"]), (median(s["ours"]) if ours else None)
             rows.append([
                 f"{fmt} t{t}", fmt, gguf_type(fmt), t, _r(l_med), _r(min(s["llama.cpp"])), _r(o_med),
-                _r(min(s["ours"])) if ours else None, _ratio(l_med, o_med), round(llama.nbytes / 1e6, 2),
+                _r(min(s["ours"])) if ours else None, _ratio(l_med, o_med),
+                _ratio_by_round(s["llama.cpp"], s["ours"], rounds) if ours else None, round(llama.nbytes / 1e6, 2),
                 round(ours.nbytes / 1e6, 2) if ours else None, round(bw, 2), _fraction(llama.nbytes, l_med, bw),
                 _fraction(ours.nbytes, o_med, bw) if ours else None,
             ])
@@ -319,6 +329,10 @@ def run(args: argparse.Namespace) -> int:
                "1 GiB, and the native probe re-reading a buffer of that call's weight bytes, ours where we run it); "
                "KV-cache reads are not counted (llama.cpp's cache is F16 by default, ours fp32). ")
 
+    ratio_note = ("'llama.cpp / ours' divides the two medians; 'by round' is the median over rounds of each "
+                  "round's ratio, both engines timed seconds apart, which a change of the host's bandwidth during "
+                  "a row does not tilt. ")
+
     def bw_of(part: str) -> dict[str, dict[str, float]]:
         return {k: v for k, v in bandwidth.items() if k.startswith(part + " ")}
 
@@ -334,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
                      "read_bandwidth_gbps": bw_of("predictor")},
                 notes=(same_weights + f"One single-token pass ({p_layers} blocks, final norm, one 2048-row head) at KV "
                        f"position {PASS_POSITION}, in interleaved rounds. Ours = FusedPredictor.pass_once. "
-                       + bw_note + "fp16 runs in llama.cpp only." + quick_note),
+                       + bw_note + ratio_note + "fp16 runs in llama.cpp only." + quick_note),
             )
         if "talker" in parts:
             rows = _single_rows("talker", fmts, counts, probe, build_talker, rounds, repeats)
@@ -346,7 +360,7 @@ def run(args: argparse.Namespace) -> int:
                 notes=(same_weights + f"One single-token step ({t_layers} blocks, final norm, 3072-row codec head) at "
                        f"KV position {t_pos}, in interleaved rounds; ours = FusedTalker.step with the position reset "
                        "before each step (its cache holds random K/V, llama.cpp's a real prefill). "
-                       + bw_note + "fp16 runs in llama.cpp only." + quick_note),
+                       + bw_note + ratio_note + "fp16 runs in llama.cpp only." + quick_note),
             )
         if "prefill" in parts:
             rows = []
