@@ -69,12 +69,13 @@ def fresh_buffer(nbytes: int):
     """
     import torch
 
-    if sys.platform.startswith("linux"):
+    nbytes = int(nbytes)
+    if nbytes and sys.platform.startswith("linux"):
         import mmap
 
-        buf = mmap.mmap(-1, max(1, int(nbytes)), flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        return torch.frombuffer(buf, dtype=torch.uint8, count=int(nbytes)) if nbytes else torch.empty(0, dtype=torch.uint8)
-    return torch.empty(int(nbytes), dtype=torch.uint8)
+        buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        return torch.frombuffer(buf, dtype=torch.uint8)
+    return torch.empty(nbytes, dtype=torch.uint8)
 
 
 def huge_bytes(address: int, nbytes: int) -> int | None:
