@@ -43,8 +43,8 @@ def _linear(fmt, m, x):
 @pytest.mark.parametrize("threads", [1, 2])
 def test_sweeps_compute_the_same_gemv_as_vo_linear(fmt, threads):
     g = torch.Generator().manual_seed(3)
-    # the last matrix is narrower than x (and ends in an int4 tail block): it takes the first 1088 inputs
-    mats = [quantize(torch.randn(rows, cols, generator=g), fmt) for rows, cols in ((136, 3072), (200, 1088))]
+    # the last matrix is narrower than x (17 pairs of int4 groups): it takes the first 1088 inputs
+    mats = [quantize(torch.randn(rows, cols, generator=g), fmt) for rows, cols in ((144, 3072), (208, 1088))]
     x = torch.randn(3072, generator=g) * 0.5
     rc, y, secs = _sweep_output(fmt, mats, x, threads)
     assert rc == 0
@@ -57,13 +57,15 @@ def test_sweeps_refuse_bad_shapes():
     x = torch.randn(1024, generator=g)
     wide = quantize(torch.randn(64, 2048, generator=g), "int4")  # wider than x
     assert _sweep_output("int4", [wide], x)[0] == -1
-    odd = native.VoMat(wide.data.data_ptr(), wide.scale.data_ptr(), 64, 1000)  # not a multiple of 64
+    odd = native.VoMat(wide.data.data_ptr(), None, 64, 1000)  # not a multiple of 64
     y = torch.empty(64)
     secs = (ctypes.c_double * 1)()
     lib = native.load()
     assert lib.vo_gemv_sweeps(native.FMT_CODES["int4"], ctypes.byref(odd), 1, x.data_ptr(), 1024, y.data_ptr(), 1, 1, secs) == -1
     assert lib.vo_gemv_sweeps(7, ctypes.byref(odd), 1, x.data_ptr(), 1024, y.data_ptr(), 1, 1, secs) == -1
     assert lib.vo_gemv_sweeps(native.FMT_CODES["int4"], ctypes.byref(odd), 1, x.data_ptr(), 1024, y.data_ptr(), 0, 1, secs) == -1
+    short_tile = native.VoMat(wide.data.data_ptr(), None, 40, 1024)  # int4 rows come in tiles of 16
+    assert lib.vo_gemv_sweeps(native.FMT_CODES["int4"], ctypes.byref(short_tile), 1, x.data_ptr(), 1024, y.data_ptr(), 1, 1, secs) == -1
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "int8", "int4"])

@@ -207,6 +207,27 @@ def test_fallback_instruction_sets_agree(variant, fmt):
         assert mx < 0.01 and mean < 0.001, (mx, mean)
 
 
+@pytest.mark.parametrize("variant", ["avx2", "generic"])
+def test_int4_tiles_agree_bit_for_bit_across_builds(variant):
+    """Every build sums a tile's even and odd groups apart and scales each group with one fused
+    multiply-add, so the AVX2 and plain-C int4 kernels give the host build's bits exactly."""
+    import ctypes
+
+    from vllm_omni.cpu import native
+    from vllm_omni.cpu.predictor import vo_mat
+    from vllm_omni.cpu.quant import quantize
+
+    g = torch.Generator().manual_seed(8)
+    m = quantize(torch.randn(64, 1088, generator=g), "int4")
+    x = torch.randn(3, 1088, generator=g)
+    ys = []
+    for lib in (native.load(), native.load(variant)):
+        y = torch.full((3, 64), float("nan"))
+        assert lib.vo_linear(native.FMT_CODES["int4"], ctypes.byref(vo_mat(m)), x.data_ptr(), 3, y.data_ptr(), 1) == 0
+        ys.append(y)
+    assert torch.equal(ys[0], ys[1])
+
+
 def test_projection_path_of_the_larger_model():
     """1.7B: inputs are talker-width (2048) and go through small_to_mtp_projection (1 layer)."""
     from vllm_omni.cpu.predictor import FusedPredictor
@@ -283,14 +304,15 @@ def test_vo_linear_matches_dequantized_matmul(fmt):
 
     lib = native.load()
     g = torch.Generator().manual_seed(3)
-    w = torch.randn(333, 320, generator=g)  # int4: one superblock and a 64-input tail per row
+    n_out = 336 if fmt == "int4" else 333  # int4: 21 tiles of 16 rows, split 10 + 11 at 2 threads
+    w = torch.randn(n_out, 320, generator=g)  # 5 pairs of int4 groups per row
     m = quantize(w, fmt)
     ref_w = w if fmt == "fp32" else dequantize(m)
     for rows in (1, 3, 8):
         x = torch.randn(rows, 320, generator=g)
         ys = []
         for threads in (1, 2):
-            y = torch.full((rows, 333), float("nan"))
+            y = torch.full((rows, n_out), float("nan"))
             assert lib.vo_linear(native.FMT_CODES[fmt], ctypes.byref(vo_mat(m)), x.data_ptr(), rows, y.data_ptr(),
                                  threads) == 0
             ys.append(y)
@@ -303,10 +325,12 @@ def test_vo_linear_matches_dequantized_matmul(fmt):
             assert float(err.max()) < QUANT_MAX_REL * float(ref.abs().max())
     bad = native.VoMat(None, None, 4, 100)  # 100 inputs: not a multiple of 64
     assert lib.vo_linear(0, ctypes.byref(bad), x.data_ptr(), 1, x.data_ptr(), 1) == -1
+    short_tile = native.VoMat(m.data.data_ptr(), None, 40, 320)  # int4 rows come in tiles of 16
+    assert lib.vo_linear(native.FMT_CODES["int4"], ctypes.byref(short_tile), x.data_ptr(), 1, x.data_ptr(), 1) == -1
 
 
 def test_vo_linear_int4_takes_long_rows():
-    """No limit on the row length: 33024 inputs (129 superblocks, more than 1024 scale groups)."""
+    """No limit on the row length: 33024 inputs (1032 scale groups, 516 of the tiles' 576-byte units)."""
     import ctypes
 
     from vllm_omni.cpu import native
@@ -314,9 +338,9 @@ def test_vo_linear_int4_takes_long_rows():
     from vllm_omni.cpu.quant import dequantize, quantize
 
     g = torch.Generator().manual_seed(5)
-    m = quantize(torch.randn(12, 33024, generator=g), "int4")
+    m = quantize(torch.randn(16, 33024, generator=g), "int4")
     x = torch.randn(2, 33024, generator=g)
-    y = torch.empty(2, 12)
+    y = torch.empty(2, 16)
     assert native.load().vo_linear(native.FMT_CODES["int4"], ctypes.byref(vo_mat(m)), x.data_ptr(), 2, y.data_ptr(), 2) == 0
     ref = x @ dequantize(m).T
     assert float((y - ref).abs().max()) < QUANT_MAX_REL * float(ref.abs().max())

@@ -6,7 +6,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vllm_omni.cpu.quant import INT4_GROUP, dequantize, dequantized_weights, quantize, roundtrip  # noqa: E402
+from vllm_omni.cpu.quant import (  # noqa: E402
+    INT4_GROUP, INT4_PAIR_BYTES, INT4_TILE, dequantize, dequantized_weights, int4_scales, packed_width, quantize,
+    roundtrip,
+)
 from vllm_omni.models import linear_bytes  # noqa: E402
 
 
@@ -40,44 +43,45 @@ def test_int8_round_trip_within_half_a_step_per_row():
 def test_int4_round_trip_within_half_a_step_per_group():
     w = _matrix()
     m = quantize(w, "int4")
-    assert m.data.dtype == torch.uint8 and m.data.shape == (96, 128)
-    assert m.scale.dtype == torch.float16 and m.scale.shape == (96, 256 // INT4_GROUP)
+    assert m.data.dtype == torch.uint8 and m.data.shape == (96, 256 * 9 // 16) and m.scale is None
+    scales = int4_scales(m)
+    assert scales.dtype == torch.float16 and scales.shape == (96, 256 // INT4_GROUP)
     groups = w.view(96, -1, INT4_GROUP)
-    d = m.scale.float()[:, :, None]  # the stored (fp16-rounded) scale
+    d = scales.float()[:, :, None]  # the stored (fp16-rounded) scale
     err = (roundtrip(w, "int4").view_as(groups) - groups).abs()
     assert torch.all(err <= d / 2 * (1 + 1e-3) + 1e-9)
     # the fp16 scale is max|w|/7 up to fp16 rounding
     ref = groups.abs().amax(dim=2) / 7
-    assert torch.allclose(m.scale.float(), ref, rtol=1e-3, atol=1e-7)
+    assert torch.allclose(scales.float(), ref, rtol=1e-3, atol=1e-7)
     assert m.nbytes == linear_bytes(*w.shape, "int4")
 
 
-def test_int4_layout_pairs_groups_in_nibbles():
-    # byte j of a 64-input block: element j (low nibble) and element 32 + j (high nibble)
-    w = torch.zeros(1, 64)
-    w[0, :32] = torch.linspace(-7, 7, 32).round()
-    w[0, 32:] = 7.0
-    m = quantize(w, "int4")
-    lo, hi = (m.data[0] & 0x0F).long(), (m.data[0] >> 4).long()
-    assert torch.equal(lo - 8, w[0, :32].long())
-    assert torch.all(hi - 8 == 7)
-
-
-def test_int4_superblocks_give_each_4_byte_lane_one_group():
-    # 256 inputs: byte 4k + i of block v holds element 8v + i of group k (low nibble) and
-    # element 8v + 4 + i (high nibble); a 64-input tail after it keeps the pair layout
-    cols = 256 + 64
-    n = torch.arange(cols) % 15 - 7  # values -7..7 that say where they came from
-    m = quantize((n * 1.0).view(1, cols) * torch.ones(3, 1), "int4")  # every group scale is 1
-    assert torch.all(m.scale.float() == 1.0)
-    nib = [(m.data[0] & 0x0F).long() - 8, (m.data[0] >> 4).long() - 8]
-    for v in range(4):
-        for k in range(8):
-            for i in range(4):
-                byte = 32 * v + 4 * k + i
-                assert nib[0][byte] == n[32 * k + 8 * v + i] and nib[1][byte] == n[32 * k + 8 * v + 4 + i]
-    assert torch.equal(nib[0][128:160], n[256:288]) and torch.equal(nib[1][128:160], n[288:320])
-    assert torch.equal(dequantize(m), (n * 1.0).view(1, cols).expand(3, cols))
+def test_int4_tiles_put_16_rows_in_each_line_with_scales_first():
+    # value of row r, input c: says where it came from (-7..7), and row r's group g has scale
+    # 1 + (r + g) % 3, so that the packed bytes can be checked against the documented layout
+    rows, cols = 32, 128
+    r = torch.arange(rows)[:, None]
+    c = torch.arange(cols)[None, :]
+    n = (r * 7 + c * 3) % 15 - 7
+    scale = 1.0 + (r + c // INT4_GROUP) % 3
+    n[:, ::INT4_GROUP] = 7  # each group's largest |value| is 7, so its scale is exactly `scale`
+    m = quantize(n * scale, "int4")
+    tiles = m.data.reshape(rows // INT4_TILE, cols // 64, INT4_PAIR_BYTES)
+    for t in range(rows // INT4_TILE):
+        for p in range(cols // 64):
+            unit = tiles[t, p]
+            sc = unit[:64].contiguous().view(torch.float16).float()
+            for k in range(2):
+                g = 2 * p + k
+                for row in range(INT4_TILE):
+                    assert sc[16 * k + row] == scale[16 * t + row, g * INT4_GROUP]
+                    for j in range(4):
+                        for b in range(4):
+                            byte = int(unit[64 + 256 * k + 64 * j + 4 * row + b])
+                            base = g * INT4_GROUP + 8 * j + b
+                            assert (byte & 0x0F) - 8 == n[16 * t + row, base]
+                            assert (byte >> 4) - 8 == n[16 * t + row, base + 4]
+    assert torch.equal(dequantize(m), (n * scale).float())
 
 
 def test_relative_error_is_small_on_model_like_weights():
@@ -89,7 +93,10 @@ def test_relative_error_is_small_on_model_like_weights():
 
 def test_bad_shapes_and_formats():
     with pytest.raises(ValueError):
-        quantize(torch.zeros(4, 96), "int4")  # in_features not a multiple of 64
+        quantize(torch.zeros(16, 96), "int4")  # in_features not a multiple of 64
+    with pytest.raises(ValueError, match="divisible by 16"):
+        quantize(torch.zeros(8, 64), "int4")  # out_features not a multiple of 16
+    assert quantize(torch.zeros(8, 64), "int8").data.shape[1] == packed_width(64, "int8")
     with pytest.raises(ValueError):
         quantize(torch.zeros(4, 64), "bf16")
     with pytest.raises(ValueError):

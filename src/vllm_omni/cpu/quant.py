@@ -8,16 +8,18 @@ Formats (the byte counts of ``vllm_omni.models.linear_bytes``):
   per row.
 - ``int4``: symmetric, groups of 32 consecutive weights along the input dimension,
   ``w ~= d * (n - 8)`` with ``d = max |w| / 7`` stored as fp16 and ``n`` in 1..15 (``n - 8``
-  in -7..7): 0.5 B per weight plus 2 B per group. The nibbles of a row are laid out for the
-  kernels' integer dots. Each run of 8 groups (256 weights) is a superblock of four 32-byte
-  blocks: byte ``4k + i`` of block ``v`` holds element ``8v + i`` of group ``k`` in its low
-  nibble and element ``8v + 4 + i`` in its high nibble, so every 4-byte lane of a 256-bit load
-  belongs to one group. Where the row length is not a multiple of 256, the last groups pair up
-  in 32-byte blocks: byte ``j`` holds element ``j`` of the first group in its low nibble and
-  element ``j`` of the second in its high nibble.
+  in -7..7): 0.5 B per weight plus 2 B per group, scales and nibbles in one tensor laid out
+  for the kernels' integer dots. Rows come in tiles of 16. For each pair of groups (64
+  inputs) a tile holds 576 bytes: the 32 scales (the first group's for rows 0-15, then the
+  second's), then 256 bytes per group, four 64-byte lines ``j`` whose 4-byte lane ``r``
+  belongs to row ``r``: byte ``b`` of the lane holds element ``8j + b`` of the group in its
+  low nibble and element ``8j + 4 + b`` in its high nibble. One 512-bit integer dot thus takes
+  16 rows times 4 inputs, and a tile is one run of bytes, its scales included. ``data`` is
+  that byte stream viewed as ``[out, in * 9 / 16]`` (16 consecutive view rows per tile);
+  ``scale`` is None.
 
 The matrices keep the ``nn.Linear`` layout ``[out, in]``; ``in`` must be a multiple of 64 for
-the packed formats (every Qwen3-TTS matrix is).
+the packed formats, and ``out`` a multiple of 16 for int4 (every Qwen3-TTS matrix is).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from torch import Tensor
 
 FORMATS = ("fp32", "int8", "int4")
 INT4_GROUP = 32
+INT4_TILE = 16  # rows per int4 tile
+INT4_PAIR_BYTES = 576  # one tile's bytes per 64 inputs: 32 fp16 scales + 2 x 256 nibble bytes
 
 
 @dataclass
@@ -51,6 +55,11 @@ class QuantMatrix:
 
     def dequantize(self) -> Tensor:
         return dequantize(self)
+
+
+def packed_width(cols: int, fmt: str) -> int:
+    """Columns of ``QuantMatrix.data`` for a matrix of ``cols`` inputs in ``fmt``."""
+    return cols * 9 // 16 if fmt == "int4" else cols
 
 
 def check_format(fmt: str) -> str:
@@ -76,36 +85,41 @@ def quantize(w: Tensor, fmt: str) -> QuantMatrix:
         inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
         q = torch.round(w * inv[:, None]).clamp_(-127, 127).to(torch.int8)
         return QuantMatrix(fmt, q.contiguous(), scale.contiguous(), rows, cols)
+    if rows % INT4_TILE:
+        raise ValueError(f"int4 packing needs out_features divisible by {INT4_TILE}, got {rows}")
     g = w.view(rows, cols // INT4_GROUP, INT4_GROUP)
     d = (g.abs().amax(dim=2) / 7.0).to(torch.float16)  # the stored scale
     df = d.float()
     inv = torch.where(df > 0, 1.0 / df, torch.zeros_like(df))
     n = (torch.round(g * inv[:, :, None]).clamp_(-8, 7) + 8).to(torch.uint8)  # [rows, groups, 32]
-    return QuantMatrix(fmt, _pack_nibbles(n), d.contiguous(), rows, cols)
+    return QuantMatrix(fmt, _pack_tiles(n, d), None, rows, cols)
 
 
-def _pack_nibbles(n: Tensor) -> Tensor:
-    """``[rows, groups, 32]`` values 0..15 -> ``[rows, groups * 16]`` bytes in the int4 layout."""
+def _pack_tiles(n: Tensor, d: Tensor) -> Tensor:
+    """Nibble values ``[rows, groups, 32]`` (0..15) and fp16 scales ``[rows, groups]`` -> the tiles."""
     rows, groups, _ = n.shape
-    full = groups // 8 * 8
-    # superblocks: [rows, s, group k, block v, low/high, i] -> [rows, s, v, k, i, low/high]
-    sb = n[:, :full].reshape(rows, full // 8, 8, 4, 2, 4).permute(0, 1, 3, 2, 5, 4)
-    main = (sb[..., 0] | (sb[..., 1] << 4)).reshape(rows, full * 16)
-    pairs = n[:, full:].reshape(rows, (groups - full) // 2, 2, INT4_GROUP)
-    tail = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(rows, (groups - full) * 16)
-    return torch.cat([main, tail], dim=1).contiguous()
+    t, p = rows // INT4_TILE, groups // 2
+    # [tile, row r, pair, group k, line j, low/high, byte b] -> [tile, pair, k, j, r, b, low/high]
+    v = n.reshape(t, INT4_TILE, p, 2, 4, 2, 4).permute(0, 2, 3, 4, 1, 6, 5)
+    nibbles = (v[..., 0] | (v[..., 1] << 4)).reshape(t, p, 512)
+    scales = d.reshape(t, INT4_TILE, p, 2).permute(0, 2, 3, 1).contiguous().view(torch.uint8).reshape(t, p, 64)
+    return torch.cat([scales, nibbles], dim=2).reshape(rows, groups * INT4_PAIR_BYTES // 2 // INT4_TILE).contiguous()
 
 
-def _unpack_nibbles(packed: Tensor, groups: int) -> Tensor:
-    """The inverse of ``_pack_nibbles``: ``[rows, groups, 32]`` values 0..15."""
-    rows = packed.shape[0]
-    full = groups // 8 * 8
-    main = packed[:, : full * 16].reshape(rows, full // 8, 4, 8, 4)  # [rows, s, v, k, i]
-    sb = torch.stack([main & 0x0F, main >> 4], dim=-1)  # [rows, s, v, k, i, low/high]
-    main_n = sb.permute(0, 1, 3, 2, 5, 4).reshape(rows, full, INT4_GROUP)
-    tail = packed[:, full * 16:].reshape(rows, (groups - full) // 2, 1, INT4_GROUP)
-    tail_n = torch.cat([tail & 0x0F, tail >> 4], dim=2).reshape(rows, groups - full, INT4_GROUP)
-    return torch.cat([main_n, tail_n], dim=1)
+def _unpack_tiles(data: Tensor, rows: int, cols: int) -> tuple[Tensor, Tensor]:
+    """The inverse of ``_pack_tiles``: (nibble values ``[rows, groups, 32]``, fp16 scales ``[rows, groups]``)."""
+    t, p = rows // INT4_TILE, cols // 64
+    units = data.reshape(t, p, INT4_PAIR_BYTES)
+    d = units[:, :, :64].contiguous().view(torch.float16).reshape(t, p, 2, INT4_TILE).permute(0, 3, 1, 2)
+    b = units[:, :, 64:].reshape(t, p, 2, 4, INT4_TILE, 4)  # [tile, pair, k, j, r, b]
+    v = torch.stack([b & 0x0F, b >> 4], dim=-1)  # [..., low/high]
+    n = v.permute(0, 4, 1, 2, 3, 6, 5).reshape(rows, cols // INT4_GROUP, INT4_GROUP)
+    return n, d.reshape(rows, cols // INT4_GROUP)
+
+
+def int4_scales(m: QuantMatrix) -> Tensor:
+    """The fp16 group scales ``[rows, cols / 32]`` of an int4 matrix (stored inside its tiles)."""
+    return _unpack_tiles(m.data, m.rows, m.cols)[1]
 
 
 def dequantize(m: QuantMatrix) -> Tensor:
@@ -114,8 +128,8 @@ def dequantize(m: QuantMatrix) -> Tensor:
         return m.data.clone()
     if m.fmt == "int8":
         return m.data.float() * m.scale[:, None]
-    n = _unpack_nibbles(m.data, m.cols // INT4_GROUP)
-    w = (n.float() - 8.0) * m.scale.float()[:, :, None]
+    n, d = _unpack_tiles(m.data, m.rows, m.cols)
+    w = (n.float() - 8.0) * d.float()[:, :, None]
     return w.view(m.rows, m.cols)
 
 

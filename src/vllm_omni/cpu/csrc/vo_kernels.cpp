@@ -4,8 +4,8 @@
 // inside a single OpenMP parallel region: matrix-vector products are split by output rows
 // across threads, the small per-token work (norms, activation quantisation, sampling) runs on
 // one thread between barriers. Weights are fp32, int8 (one fp32 scale per output row) or
-// int4 (groups of 32 along the input, one fp16 scale per group, packed in superblocks of 8
-// groups whose nibbles interleave the groups, see dot_q4). For int8/int4
+// int4 (groups of 32 along the input, one fp16 scale per group, packed in tiles of 16 rows
+// with the scales inside the stream, see q4_tile). For int8/int4
 // the activation vector is quantised to int8 in blocks of 32 with one fp32 scale per block and
 // the products use integer dot instructions (AVX-512 VNNI, AVX2 maddubs, or plain C).
 //
@@ -47,7 +47,8 @@ extern "C" {
 // A weight matrix in nn.Linear layout [rows, cols].
 //   fp32: w = float[rows*cols], s = NULL
 //   int8: w = int8[rows*cols],  s = float[rows]            (w_ij = s_i * q_ij)
-//   int4: w = uint8[rows*cols/2], s = fp16[rows*cols/32]   (w = d_g * (nibble - 8))
+//   int4: w = uint8[rows*cols*9/16], s = NULL             (w = d_g * (nibble - 8); tiles of 16
+//         rows, scales inside, see q4_tile; rows a multiple of 16)
 struct VoMat {
     const void* w;
     const void* s;
@@ -124,13 +125,12 @@ inline float half_to_float(uint16_t h) {
 // ---------------------------------------------------------------------------------------------
 // Quantised activation: int8 values in blocks of 32, one scale per block. dexp holds the block
 // scale once per group of 4 values (one int32 lane of an integer dot, for int8 rows). For int4
-// rows, qi holds the same values reordered to match the int4 superblocks (see dot_q4) and gcorr
-// holds -8 times the sum of each block (the offset of unsigned int4 nibbles, per group).
+// rows, gcorr holds -8 times the sum of each block (the offset of unsigned int4 nibbles, per
+// group).
 
 struct Act {
     const float* f;      // fp32 values (fp32 path)
     int8_t* q;
-    int8_t* qi;          // int4 order: per 256 values, 32-byte chunks of quads (see quantize_act)
     float* d;            // one scale per block of 32
     float* dexp;
     int32_t* gcorr;      // one per block of 32
@@ -146,7 +146,7 @@ inline float block_scale(float amax, bool nan) {
     return d >= std::numeric_limits<float>::min() ? d : 0.f;
 }
 
-// Quantise x[n] into a; with int4, also the reordered copy and the per-group offsets.
+// Quantise x[n] into a; with int4, also the per-group offsets.
 void quantize_act(const float* x, int64_t n, Act& a, bool int4) {
     for (int64_t b = 0; b < n / 32; ++b) {
         const float* xb = x + b * 32;
@@ -188,14 +188,6 @@ void quantize_act(const float* x, int64_t n, Act& a, bool int4) {
             a.gcorr[b] = -8 * sum;
         }
 #endif
-    }
-    if (!int4) return;
-    static constexpr int quad_at[8] = {0, 2, 1, 3, 4, 6, 5, 7};  // chunk c holds quad quad_at[c]
-    for (int64_t s = 0; s < n / 256; ++s) {  // 8 x 8 transpose of 4-byte words
-        const int8_t* src = a.q + s * 256;
-        int8_t* dst = a.qi + s * 256;
-        for (int c = 0; c < 8; ++c)
-            for (int k = 0; k < 8; ++k) std::memcpy(dst + 32 * c + 4 * k, src + 32 * k + 4 * quad_at[c], 4);
     }
 }
 
@@ -290,182 +282,142 @@ inline float dot_q8(const int8_t* w, const Act& a, int64_t n) {
 #endif
 }
 
-// int4 rows. A row is a run of superblocks of 256 inputs (8 groups of 32, 128 bytes), then, when
-// the row length is not a multiple of 256, a tail of 64-input blocks. In a superblock, byte
-// 4k + i of 32-byte block v holds element 8v + i of group k in its low nibble and element
-// 8v + 4 + i in its high nibble: every 32-bit lane of a 256-bit load belongs to one group, so
-// the integer dots leave the 8 group sums in the 8 lanes of one register and one multiply by
-// the 8 group scales (loaded as a vector) finishes the superblock. Putting one group per dot
-// instead (the earlier layout) costs a convert, a scale broadcast and an FMA per group; on the
-// development host this layout reads an L2-resident int4 matrix about 1.6 times faster.
-// Tail block: byte j holds element j of the first group (low nibble) and element j of the
-// second (high nibble).
+// int4 rows come in tiles of 16. For each pair of groups (64 inputs) a tile holds 576 bytes: the
+// 32 fp16 scales (group 2p of rows 0-15, then group 2p + 1 of rows 0-15), then 256 bytes for
+// each of the two groups: four 64-byte lines j, whose 4-byte lane r belongs to row r, byte b of
+// the lane holding input 8j + b of the group in its low nibble and input 8j + 4 + b in its high
+// nibble (vllm_omni.cpu.quant). One integer dot then takes 16 rows times 4 inputs against a
+// single broadcast word of activations, a group's 16 sums are scaled as one vector, and no
+// horizontal sums are needed. A tile is one run of bytes, scales included: on the development
+// host (Zen 4) a separate stream of scales, one line for every 8 of nibbles, cut one core's
+// reads while it computed by about a third, and software prefetches made it worse, so there
+// are none (docs/analysis/cpu-kernels.md).
+constexpr int Q4_TILE = 16;
+constexpr int64_t Q4_PAIR_BYTES = 576;
 
-// int4 rows are read with a software prefetch into L2, VO_Q4_PREFETCH bytes ahead of the loads.
-// On the development host the hardware prefetchers alone kept one core's int4 GEMV near 20 GB/s
-// against a 32 GB/s read probe, and the hint 8 KiB ahead lifted it by about a quarter; fp32 rows
-// were slower with it and int8 rows no faster, so they go without. Past the end of a matrix the
-// hint is harmless: prefetches never fault.
-#ifndef VO_Q4_PREFETCH
-#define VO_Q4_PREFETCH 8192
-#endif
-inline void q4_prefetch(const uint8_t* x) {
-    __builtin_prefetch(x + VO_Q4_PREFETCH, 0, 2);
-    __builtin_prefetch(x + VO_Q4_PREFETCH + 64, 0, 2);
+// The 4 activation bytes at p as one little-endian word (the operand every lane shares).
+inline int32_t act_word(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
 }
 
-// Offset in a superblock's reordered activation (Act::qi) of the values that meet the low nibbles
-// of block v; the high nibbles' values are 64 bytes further. Chunks are stored in quad order
-// 0 2 1 3 4 6 5 7 so that blocks 0-1 (and 2-3) find theirs in one 64-byte run.
-inline int64_t q4_chunk(int v) { return 32 * ((v / 2) * 4 + (v % 2)); }
-
-// Scaled sum of one tail block of 64 inputs starting at input c (groups c/32 and c/32 + 1).
-inline float q4_tail_block(const uint8_t* x, const uint16_t* sc, const Act& a, int64_t c) {
-    const int64_t g = c / 32;
-    int32_t s0 = a.gcorr[g], s1 = a.gcorr[g + 1];
-    for (int j = 0; j < 32; ++j) {
-        s0 += (int32_t)(x[j] & 0x0f) * a.q[c + j];
-        s1 += (int32_t)(x[j] >> 4) * a.q[c + 32 + j];
-    }
-    return (float)s0 * (half_to_float(sc[g]) * a.d[g]) + (float)s1 * (half_to_float(sc[g + 1]) * a.d[g + 1]);
-}
-
-#if defined(VO_AVX2)
-// The 8 combined scales of superblock s: weight group scale (fp16) times activation block scale.
-inline __m256 q4_scales8(const uint16_t* sc, const Act& a, int64_t s) {
-    return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sc + s * 8))), _mm256_loadu_ps(a.d + s * 8));
-}
-#endif
-
-// The 8 scaled group sums of superblock s of one row (w points at the row's first byte).
 #if defined(VO_AVX512VNNI)
-inline __m256 q4_super(const uint8_t* w, const uint16_t* sc, const Act& a, int64_t s) {
-    // 512-bit: blocks 0-1 and 2-3 of the superblock in one register each (the activation
-    // chunks are stored in the matching order, see quantize_act). High nibbles stay in place
-    // (16 times their value) so that one mask, not a shift and a mask, extracts them; their
-    // sums are shifted back once at the end (exact: each is a multiple of 16 and at most
-    // 4 * 4 * 240 * 127 in magnitude).
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    const uint8_t* x = w + s * 128;
-    q4_prefetch(x);
-    const int8_t* q = a.qi + s * 256;
-    const __m512i x01 = _mm512_loadu_si512(x), x23 = _mm512_loadu_si512(x + 64);
-    __m512i lo = _mm512_dpbusd_epi32(_mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i*)(a.gcorr + s * 8))),
-                                     _mm512_and_si512(x01, m4), _mm512_loadu_si512(q));
-    __m512i hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_andnot_si512(m4, x01), _mm512_loadu_si512(q + 64));
-    lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(x23, m4), _mm512_loadu_si512(q + 128));
-    hi = _mm512_dpbusd_epi32(hi, _mm512_andnot_si512(m4, x23), _mm512_loadu_si512(q + 192));
-    const __m512i both = _mm512_add_epi32(lo, _mm512_srai_epi32(hi, 4));
-    const __m256i sums = _mm256_add_epi32(_mm512_castsi512_si256(both), _mm512_extracti64x4_epi64(both, 1));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(sums), q4_scales8(sc, a, s));
+// acc + the scaled sums of group g for the 16 rows of a tile; x: the group's 256 bytes, sc: its
+// 16 scales. High nibbles stay in place (16 times their value) so that one mask extracts them;
+// their sums are shifted back once (exact: each is a multiple of 16).
+inline __m512 q4_group16(const uint8_t* x, const uint16_t* sc, const Act& a, int64_t g, __m512 acc) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), z = _mm512_setzero_si512();
+    const int8_t* q = a.q + g * 32;
+    __m512i x0 = _mm512_loadu_si512(x), x1 = _mm512_loadu_si512(x + 64);
+    __m512i x2 = _mm512_loadu_si512(x + 128), x3 = _mm512_loadu_si512(x + 192);
+    // one load per line: without this the compiler folds each line into both its AND and its
+    // AND-NOT, loading it twice
+    asm("" : "+v"(x0), "+v"(x1), "+v"(x2), "+v"(x3));
+    auto w = [&](int i) { return _mm512_set1_epi32(act_word(q + 4 * i)); };
+    __m512i lo0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(a.gcorr[g]), _mm512_and_si512(x0, m4), w(0));
+    __m512i lo1 = _mm512_dpbusd_epi32(z, _mm512_and_si512(x1, m4), w(2));
+    __m512i hi0 = _mm512_dpbusd_epi32(z, _mm512_andnot_si512(m4, x0), w(1));
+    __m512i hi1 = _mm512_dpbusd_epi32(z, _mm512_andnot_si512(m4, x1), w(3));
+    lo0 = _mm512_dpbusd_epi32(lo0, _mm512_and_si512(x2, m4), w(4));
+    lo1 = _mm512_dpbusd_epi32(lo1, _mm512_and_si512(x3, m4), w(6));
+    hi0 = _mm512_dpbusd_epi32(hi0, _mm512_andnot_si512(m4, x2), w(5));
+    hi1 = _mm512_dpbusd_epi32(hi1, _mm512_andnot_si512(m4, x3), w(7));
+    const __m512i s = _mm512_add_epi32(_mm512_add_epi32(lo0, lo1), _mm512_srai_epi32(_mm512_add_epi32(hi0, hi1), 4));
+    const __m512 scl = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)sc)), _mm512_set1_ps(a.d[g]));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scl, acc);
+}
+
+// out[0..16) = the 16 rows of the tile at w . a (cols inputs). Even groups sum into one
+// accumulator and odd groups into another, in every build, so all builds agree bit for bit.
+inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
+    __m512 f0 = _mm512_setzero_ps(), f1 = _mm512_setzero_ps();
+    for (int64_t p = 0; p < cols / 64; ++p) {
+        const uint8_t* base = w + p * Q4_PAIR_BYTES;
+        const uint16_t* sc = (const uint16_t*)base;
+        f0 = q4_group16(base + 64, sc, a, 2 * p, f0);
+        f1 = q4_group16(base + 320, sc + 16, a, 2 * p + 1, f1);
+    }
+    _mm512_storeu_ps(out, _mm512_add_ps(f0, f1));
 }
 #elif defined(VO_AVX2)
-inline __m256 q4_super(const uint8_t* w, const uint16_t* sc, const Act& a, int64_t s) {
-    // maddubs pairs stay in int16 across the 8 products of a lane: each pair is at most
-    // 2 * 15 * 127 = 3810 in magnitude, 8 of them 30480 < 32767.
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const uint8_t* x = w + s * 128;
-    q4_prefetch(x);
-    const int8_t* q = a.qi + s * 256;
-    auto ld = [](const void* p) { return _mm256_loadu_si256((const __m256i*)p); };
-    __m256i p = _mm256_setzero_si256();
-    for (int v = 0; v < 4; ++v) {
-        const __m256i xv = ld(x + 32 * v);
-        const int8_t* qv = q + q4_chunk(v);
-        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(xv, m4), ld(qv)));
-        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(xv, 4), m4), ld(qv + 64)));
-    }
-    const __m256i sums = _mm256_add_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)), ld(a.gcorr + s * 8));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(sums), q4_scales8(sc, a, s));
-}
-#endif
-
-#if defined(VO_AVX2)
-// The superblocks of an int4 row, before the final horizontal sum: 8 partial sums.
-inline __m256 dot_q4_lanes(const uint8_t* qs, const uint16_t* sc, const Act& a, int64_t ns) {
-    __m256 f0 = _mm256_setzero_ps(), f1 = _mm256_setzero_ps();
-    int64_t s = 0;
-    for (; s + 2 <= ns; s += 2) {
-        f0 = _mm256_add_ps(f0, q4_super(qs, sc, a, s));
-        f1 = _mm256_add_ps(f1, q4_super(qs, sc, a, s + 1));
-    }
-    if (s < ns) f0 = _mm256_add_ps(f0, q4_super(qs, sc, a, s));
-    return _mm256_add_ps(f0, f1);
-}
-
-// The horizontal sums of 8 vectors, as one vector.
-inline __m256 hsum8(const __m256* v) {
-    const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
-    const __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
-    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-#endif
-
-// The tail blocks of an int4 row (inputs 256 * ns .. n).
-inline float dot_q4_tail(const uint8_t* qs, const uint16_t* sc, const Act& a, int64_t ns, int64_t n) {
-    float acc = 0.f;
-    for (int64_t c = ns * 256; c < n; c += 64) acc += q4_tail_block(qs + c / 2, sc, a, c);
-    return acc;
-}
-
-// int4 row . quantised activation, group scales applied, in plain C (the AVX2 and AVX-512
-// builds take int4 rows 8 at a time, see tile_dot). n is a multiple of 64.
-inline float dot_q4(const uint8_t* qs, const uint16_t* sc, const Act& a, int64_t n) {
-    const int64_t ns = n / 256;
-    float acc = 0.f;
-    for (int64_t s = 0; s < ns; ++s) {
-        const uint8_t* x = qs + s * 128;
-        const int8_t* q = a.qi + s * 256;
-        for (int k = 0; k < 8; ++k) {
-            int32_t t = a.gcorr[s * 8 + k];
-            for (int v = 0; v < 4; ++v)
-                for (int i = 0; i < 4; ++i) {
-                    const uint8_t b = x[32 * v + 4 * k + i];
-                    const int8_t* qv = q + q4_chunk(v) + 4 * k + i;
-                    t += (int32_t)(b & 0x0f) * qv[0] + (int32_t)(b >> 4) * qv[64];
+// The AVX2 form: each 64-byte line is two halves of 8 rows. maddubs pairs stay in int16 across
+// the 8 products of a lane: each pair is at most 2 * 15 * 127 = 3810 in magnitude, 8 of them
+// 30480 < 32767.
+inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256 f[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    for (int64_t p = 0; p < cols / 64; ++p) {
+        const uint8_t* base = w + p * Q4_PAIR_BYTES;
+        for (int k = 0; k < 2; ++k) {
+            const int64_t g = 2 * p + k;
+            const uint8_t* x = base + 64 + 256 * k;
+            const uint16_t* sc = (const uint16_t*)base + 16 * k;
+            const int8_t* q = a.q + g * 32;
+            const __m256 d = _mm256_set1_ps(a.d[g]);
+            for (int h = 0; h < 2; ++h) {
+                __m256i p16 = _mm256_setzero_si256();
+                for (int j = 0; j < 4; ++j) {
+                    const __m256i xv = _mm256_loadu_si256((const __m256i*)(x + 64 * j + 32 * h));
+                    p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(_mm256_and_si256(xv, m4),
+                                                                     _mm256_set1_epi32(act_word(q + 8 * j))));
+                    p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(xv, 4), m4),
+                                                                     _mm256_set1_epi32(act_word(q + 8 * j + 4))));
                 }
-            acc += (float)t * (half_to_float(sc[s * 8 + k]) * a.d[s * 8 + k]);
+                const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(p16, ones), _mm256_set1_epi32(a.gcorr[g]));
+                const __m256 scl = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sc + 8 * h))), d);
+                f[h][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scl, f[h][k]);
+            }
         }
     }
-    return acc + dot_q4_tail(qs, sc, a, ns, n);
+    _mm256_storeu_ps(out, _mm256_add_ps(f[0][0], f[0][1]));
+    _mm256_storeu_ps(out + 8, _mm256_add_ps(f[1][0], f[1][1]));
 }
+#else
+inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
+    for (int r = 0; r < Q4_TILE; ++r) {
+        float acc[2] = {0.f, 0.f};
+        for (int64_t p = 0; p < cols / 64; ++p) {
+            const uint8_t* base = w + p * Q4_PAIR_BYTES;
+            for (int k = 0; k < 2; ++k) {
+                const int64_t g = 2 * p + k;
+                const uint8_t* x = base + 64 + 256 * k + 4 * r;
+                uint16_t sc;
+                std::memcpy(&sc, base + 2 * (16 * k + r), 2);
+                const int8_t* q = a.q + g * 32;
+                int32_t t = a.gcorr[g];
+                for (int j = 0; j < 4; ++j)
+                    for (int b = 0; b < 4; ++b) {
+                        const uint8_t byte = x[64 * j + b];
+                        t += (int32_t)(byte & 0x0f) * q[8 * j + b] + (int32_t)(byte >> 4) * q[8 * j + 4 + b];
+                    }
+                acc[k] = std::fma((float)t, half_to_float(sc) * a.d[g], acc[k]);
+            }
+        }
+        out[r] = acc[0] + acc[1];
+    }
+}
+#endif
 
-// One output element: row r of m times activation a.
+// One output element of an fp32 or int8 matrix: row r of m times activation a.
 inline float row_dot(int fmt, const VoMat& m, int64_t r, const Act& a) {
     const int64_t n = m.cols;
-    switch (fmt) {
-        case FMT_F32:
-            return dot_f32((const float*)m.w + r * n, a.f, n);
-        case FMT_I8:
-            return dot_q8((const int8_t*)m.w + r * n, a, n) * ((const float*)m.s)[r];
-        default:
-            return dot_q4((const uint8_t*)m.w + r * (n / 2), (const uint16_t*)m.s + r * (n / 32), a, n);
-    }
+    if (fmt == FMT_F32) return dot_f32((const float*)m.w + r * n, a.f, n);
+    return dot_q8((const int8_t*)m.w + r * n, a, n) * ((const float*)m.s)[r];
 }
 
-// Rows walked per step of a GEMV: int4 takes 8 consecutive rows at a time so that their 8
-// horizontal sums share one reduction (a 1024-input int4 row is only 4 superblocks, and a
-// reduction per row cost about as much as one of them); the other formats go row by row.
-constexpr int ROW_TILE = 8;
+// Rows walked per step of a GEMV: int4 a tile of 16, the other formats one.
+constexpr int ROW_TILE = Q4_TILE;
 
-// out[i] = row r0 + i of m . a, for i < nr <= ROW_TILE. A row's result does not depend on the
-// tile it falls in (so not on the thread count either): short tiles are padded with zeros.
+// out[i] = row r0 + i of m . a, for i < nr <= ROW_TILE (int4: r0 is a tile's first row). A row's
+// result does not depend on the tile it falls in, so not on the thread count either.
 inline void tile_dot(int fmt, const VoMat& m, int64_t r0, int nr, const Act& a, float* out) {
-#if defined(VO_AVX2)
     if (fmt == FMT_I4) {
-        const int64_t n = m.cols, ns = n / 256;
-        const uint8_t* w = (const uint8_t*)m.w + r0 * (n / 2);
-        const uint16_t* sc = (const uint16_t*)m.s + r0 * (n / 32);
-        __m256 v[ROW_TILE];
-        for (int i = 0; i < ROW_TILE; ++i)
-            v[i] = i < nr ? dot_q4_lanes(w + i * (n / 2), sc + i * (n / 32), a, ns) : _mm256_setzero_ps();
-        alignas(32) float sums[ROW_TILE];
-        _mm256_store_ps(sums, hsum8(v));
-        for (int i = 0; i < nr; ++i) out[i] = sums[i] + dot_q4_tail(w + i * (n / 2), sc + i * (n / 32), a, ns, n);
+        float v[Q4_TILE];
+        q4_tile((const uint8_t*)m.w + r0 / Q4_TILE * (m.cols / 64 * Q4_PAIR_BYTES), a, m.cols, v);
+        std::memcpy(out, v, sizeof(float) * nr);
         return;
     }
-#endif
     for (int i = 0; i < nr; ++i) out[i] = row_dot(fmt, m, r0 + i, a);
 }
 
@@ -513,7 +465,6 @@ int64_t layout(const VoStack& st, int64_t extra_len, Work* w) {
     for (int t = 0; t < MAX_TOKENS; ++t) {
         W.act[t].f = nullptr;
         W.act[t].q = (int8_t*)take(maxin);
-        W.act[t].qi = (int8_t*)take(maxin);
         W.act[t].d = (float*)take(sizeof(float) * maxin / 32);
         W.act[t].dexp = (float*)take(sizeof(float) * maxin / 4);
         W.act[t].gcorr = (int32_t*)take(sizeof(int32_t) * maxin / 32);
@@ -559,41 +510,41 @@ inline void prep_act(int fmt, Work& W, const float* src, int64_t stride, int64_t
 enum OutMode { OUT_STORE = 0, OUT_ADD = 1 };
 
 // Concurrent read streams per thread in a GEMV, by format. Measured on the development host
-// (AMD EPYC, 1 thread): the integer formats, whose row dots do more arithmetic per byte, gain
-// 10-15 % from walking two far-apart parts of a thread's rows at once; fp32 loses about 5 %.
-#ifndef VO_STREAMS_F32
-#define VO_STREAMS_F32 1
-#endif
-#ifndef VO_STREAMS_Q
-#define VO_STREAMS_Q 2
+// (AMD EPYC, 1 thread): int8 rows, whose dots do more arithmetic per byte than fp32's, gain
+// 10-15 % from walking two far-apart parts of a thread's rows at once; fp32 loses about 5 %,
+// and int4 tiles, one run of bytes each, are fastest read in order too.
+#ifndef VO_STREAMS_I8
+#define VO_STREAMS_I8 2
 #endif
 
-inline int gemv_streams(int fmt) { return fmt == FMT_F32 ? VO_STREAMS_F32 : VO_STREAMS_Q; }
+inline int gemv_streams(int fmt) { return fmt == FMT_I8 ? VO_STREAMS_I8 : 1; }
 
-// f(r0, nr) over [0, rows) in tiles of up to TILE rows: each thread takes a contiguous share
-// of the rows (as a static schedule would) but walks it from `streams` places at once, so the
-// core keeps several independent read streams in flight instead of one; a barrier ends the
-// loop, as `omp for`. TILE is a compile-time constant so that the one-row case compiles to a
-// plain row loop (int8 rows of 1 KiB take ~30 ns each, and a runtime tile cost them ~7 %).
+// f(r0, nr) over [0, rows) in tiles of TILE rows (the last one may be short): each thread takes
+// a contiguous share of the tiles (as a static schedule would) but walks it from `streams`
+// places at once, so the core keeps several independent read streams in flight instead of
+// one; a barrier ends the loop, as `omp for`. TILE is a compile-time constant so that the
+// one-row case compiles to a plain row loop (int8 rows of 1 KiB take ~30 ns each, and a
+// runtime tile cost them ~7 %).
 template <int TILE, class F>
 inline void for_tiles(int64_t rows, int streams, F&& f) {
     const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    const int64_t lo = rows * id / nt, hi = rows * (id + 1) / nt;
+    const int64_t tiles = (rows + TILE - 1) / TILE;
+    const int64_t lo = tiles * id / nt, hi = tiles * (id + 1) / nt;
     const int64_t q = (hi - lo + streams - 1) / streams;
-    for (int64_t i = 0; i < q; i += TILE)
+    for (int64_t i = 0; i < q; ++i)
         for (int s = 0; s < streams; ++s) {
-            const int64_t r0 = lo + s * q + i;
-            const int64_t r1 = std::min({r0 + TILE, lo + (s + 1) * q, hi});
-            if (r0 < r1) f(r0, TILE == 1 ? 1 : (int)(r1 - r0));
+            const int64_t t = lo + s * q + i;
+            if (t < std::min(lo + (s + 1) * q, hi))
+                f(t * TILE, TILE == 1 ? 1 : (int)std::min<int64_t>(TILE, rows - t * TILE));
         }
 #pragma omp barrier
 }
 
-// f(r0, nr) over the rows of a GEMV in `fmt`: int4 in tiles of ROW_TILE rows, the rest by row.
+// f(r0, nr) over the rows of a GEMV in `fmt`: int4 by tiles of 16 rows, the rest by row.
 template <class F>
 inline void for_gemv_rows(int fmt, int64_t rows, F&& f) {
     if (fmt == FMT_I4)
-        for_tiles<ROW_TILE>(rows, gemv_streams(fmt), f);
+        for_tiles<Q4_TILE>(rows, gemv_streams(fmt), f);
     else
         for_tiles<1>(rows, gemv_streams(fmt), f);
 }
@@ -751,13 +702,15 @@ int64_t sample(const float* logits, int64_t n, int greedy, float temperature, in
     return best < 0 ? 0 : best;
 }
 
+// Whether a matrix of `rows` rows can be packed in `fmt` (int4 comes in tiles of 16 rows).
+inline bool rows_ok(int fmt, int64_t rows) { return rows >= 1 && (fmt != FMT_I4 || rows % Q4_TILE == 0); }
+
 bool stack_ok(const VoStack& st) {
     const int64_t H = st.hidden, I = st.inter;
     const int64_t qd = (int64_t)st.heads * st.head_dim, kvd = (int64_t)st.kv_heads * st.head_dim;
     if (H % 64 || I % 64 || qd % 64) return false;
     if (st.head_dim > 512 || st.head_dim % 2) return false;
-    (void)kvd;
-    return true;
+    return rows_ok(st.fmt, qd + 2 * kvd);
 }
 
 int run_threads(const VoStack& st) { return st.threads > 0 ? st.threads : omp_get_max_threads(); }
@@ -766,7 +719,7 @@ int run_threads(const VoStack& st) { return st.threads > 0 ? st.threads : omp_ge
 
 extern "C" {
 
-int32_t vo_version() { return 6; }
+int32_t vo_version() { return 7; }
 
 // The counter-based uniforms of key at indices index0 .. index0 + n - 1 (for tests).
 void vo_counter_uniforms(uint64_t key, uint64_t index0, int64_t n, float* out) {
@@ -797,7 +750,7 @@ int32_t vo_stack_forward(const VoStack* stp, const float* x, int32_t T, int32_t 
                          float* logits) {
     const VoStack& st = *stp;
     if (!stack_ok(st) || T < 1 || T > MAX_TOKENS || pos0 < 0 || pos0 + T > st.max_pos) return -1;
-    if (head && head->cols != st.hidden) return -2;
+    if (head && (head->cols != st.hidden || !rows_ok(st.fmt, head->rows))) return -2;
     Work W;
     layout(st, 0, &W);
     const int64_t H = st.hidden;
@@ -822,14 +775,13 @@ namespace {
 // Quantised activations of M rows of x (K inputs each) for the row dots, with their own storage.
 struct ActBuffers {
     std::vector<Act> act;
-    std::vector<int8_t> q, qi;
+    std::vector<int8_t> q;
     std::vector<float> d, dexp;
     std::vector<int32_t> gcorr;
 
     ActBuffers(int fmt, const float* x, int64_t M, int64_t K) : act((size_t)M) {
         if (fmt != FMT_F32) {
             q.resize((size_t)(M * K));
-            qi.resize((size_t)(M * K));
             d.resize((size_t)(M * K / 32));
             dexp.resize((size_t)(M * K / 4));
             gcorr.resize((size_t)(M * K / 32));
@@ -840,7 +792,6 @@ struct ActBuffers {
             act[t].q = q.data() + t * K;
             act[t].d = d.data() + t * K / 32;
             act[t].dexp = dexp.data() + t * K / 4;
-            act[t].qi = qi.data() + t * K;
             act[t].gcorr = gcorr.data() + t * K / 32;
             quantize_act(x + t * K, K, act[t], fmt == FMT_I4);
         }
@@ -848,7 +799,7 @@ struct ActBuffers {
 };
 
 bool linear_ok(int32_t fmt, int64_t K, int64_t N) {
-    return N >= 1 && K >= 64 && K % 64 == 0 && (fmt == FMT_F32 || fmt == FMT_I8 || fmt == FMT_I4);
+    return K >= 64 && K % 64 == 0 && (fmt == FMT_F32 || fmt == FMT_I8 || fmt == FMT_I4) && rows_ok(fmt, N);
 }
 
 }  // namespace
@@ -857,7 +808,8 @@ extern "C" {
 
 // A plain linear layer: y[t, r] = x[t] . m[r] for t < M, r < m.rows (no norm, no bias), with the
 // same row dots as the stacks (int8/int4 activations quantised per row in blocks of 32). Each
-// weight row is read once for all M rows of x. m.cols must be a multiple of 64. threads <= 0 uses OpenMP's default. Returns 0, or -1 for a bad shape/format.
+// weight row is read once for all M rows of x. m.cols must be a multiple of 64 (int4: m.rows a
+// multiple of 16). threads <= 0 uses OpenMP's default. Returns 0, or -1 for a bad shape/format.
 int32_t vo_linear(int32_t fmt, const VoMat* mp, const float* x, int32_t M, float* y, int32_t threads) {
     const VoMat& m = *mp;
     const int64_t K = m.cols, N = m.rows;
@@ -884,7 +836,7 @@ int32_t vo_linear(int32_t fmt, const VoMat* mp, const float* x, int32_t M, float
 // shape/format.
 int32_t vo_gemv_sweeps(int32_t fmt, const VoMat* mats, int32_t n, const float* x, int64_t K, float* y, int32_t sweeps,
                        int32_t threads, double* seconds) {
-    if (n < 1 || sweeps < 1 || !linear_ok(fmt, K, 1)) return -1;
+    if (n < 1 || sweeps < 1 || !linear_ok(fmt, K, fmt == FMT_I4 ? Q4_TILE : 1)) return -1;
     for (int32_t j = 0; j < n; ++j)
         if (mats[j].cols > K || !linear_ok(fmt, mats[j].cols, mats[j].rows)) return -1;
     const ActBuffers ab(fmt, x, 1, K);
@@ -969,7 +921,8 @@ int64_t vo_talker_sample(const float* logits, int64_t V, const int64_t* seen, in
 int32_t vo_talker_step(const VoStack* stp, const VoMat* head, const float* x, int32_t pos, float* logits,
                        float* hidden) {
     const VoStack& st = *stp;
-    if (!stack_ok(st) || pos < 0 || pos >= st.max_pos || head->cols != st.hidden) return -1;
+    if (!stack_ok(st) || pos < 0 || pos >= st.max_pos || head->cols != st.hidden || !rows_ok(st.fmt, head->rows))
+        return -1;
     Work W;
     layout(st, 0, &W);
     const int64_t H = st.hidden;
@@ -1004,7 +957,7 @@ int32_t vo_predictor_frame(const VoStack* stp, const VoMat* heads, int32_t G, co
     const int64_t H = st.hidden;
     const int64_t V = heads[0].rows;
     const bool has_proj = proj && proj->w;
-    if (!stack_ok(st) || G + 1 > st.max_pos) return -1;
+    if (!stack_ok(st) || G + 1 > st.max_pos || !rows_ok(st.fmt, V)) return -1;
     if (!has_proj && Ht != H) return -2;
     if (has_proj && (proj->rows != H || proj->cols != Ht || Ht % 64)) return -2;
     Work W;
