@@ -49,11 +49,12 @@ blocking over M. The fallback is a GEMM (``_weight_int8pack_mm`` for int8, a flo
 dequantizing for int4), whose cost per row falls as M grows. At decode sizes the weight
 traffic dominates and the GEMV should win; at prefill sizes the GEMM should.
 Measured on one 2-core AVX-512 VNNI machine with torch 2.13 (N=2048, K=1024, 2 threads,
-median of 7), the native kernel is nevertheless faster at M=64 too: 1.6 ms against 56 ms
-for int8 (``_weight_int8pack_mm`` is far slower there than a float matmul, 1.9 ms) and
-3.4 ms for int4; the int4 fallback catches up near M=256 (7.2 ms each) and is ahead at
-M=512 (12.5 ms against 16.9 ms). :data:`NATIVE_MAX_ROWS` stays at the decode/prefill
-boundary until that is measured on more machines.
+median of 7, two runs), the native kernel is nevertheless faster at every M tried: at M=64,
+1.9 ms against 57 ms for int8 (``_weight_int8pack_mm`` is far slower there than a float
+matmul, 1.8 to 2.0 ms) and 0.6 ms against 7 to 8 ms for int4; at M=512, 16 ms against
+450 ms for int8 and 4.8 ms against 18 to 25 ms for int4 (16-row tiles: one integer dot
+takes 16 rows). :data:`NATIVE_MAX_ROWS` stays at the decode/prefill boundary until that
+is measured on more machines.
 
 :func:`kernel_calls` counts the op calls per path in this process (one per call, either path).
 
