@@ -103,7 +103,7 @@ def _pack_tiles(n: Tensor, d: Tensor) -> Tensor:
     v = n.reshape(t, INT4_TILE, p, 2, 4, 2, 4).permute(0, 2, 3, 4, 1, 6, 5)
     nibbles = (v[..., 0] | (v[..., 1] << 4)).reshape(t, p, 512)
     scales = d.reshape(t, INT4_TILE, p, 2).permute(0, 2, 3, 1).contiguous().view(torch.uint8).reshape(t, p, 64)
-    return torch.cat([scales, nibbles], dim=2).reshape(rows, groups * INT4_PAIR_BYTES // 2 // INT4_TILE).contiguous()
+    return torch.cat([scales, nibbles], dim=2).reshape(rows, packed_width(groups * INT4_GROUP, "int4")).contiguous()
 
 
 def _unpack_tiles(data: Tensor, rows: int, cols: int) -> tuple[Tensor, Tensor]:

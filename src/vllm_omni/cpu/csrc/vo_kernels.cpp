@@ -798,9 +798,11 @@ struct ActBuffers {
     }
 };
 
-bool linear_ok(int32_t fmt, int64_t K, int64_t N) {
-    return K >= 64 && K % 64 == 0 && (fmt == FMT_F32 || fmt == FMT_I8 || fmt == FMT_I4) && rows_ok(fmt, N);
+bool inputs_ok(int32_t fmt, int64_t K) {
+    return K >= 64 && K % 64 == 0 && (fmt == FMT_F32 || fmt == FMT_I8 || fmt == FMT_I4);
 }
+
+bool linear_ok(int32_t fmt, int64_t K, int64_t N) { return inputs_ok(fmt, K) && rows_ok(fmt, N); }
 
 }  // namespace
 
@@ -836,7 +838,7 @@ int32_t vo_linear(int32_t fmt, const VoMat* mp, const float* x, int32_t M, float
 // shape/format.
 int32_t vo_gemv_sweeps(int32_t fmt, const VoMat* mats, int32_t n, const float* x, int64_t K, float* y, int32_t sweeps,
                        int32_t threads, double* seconds) {
-    if (n < 1 || sweeps < 1 || !linear_ok(fmt, K, fmt == FMT_I4 ? Q4_TILE : 1)) return -1;
+    if (n < 1 || sweeps < 1 || !inputs_ok(fmt, K)) return -1;
     for (int32_t j = 0; j < n; ++j)
         if (mats[j].cols > K || !linear_ok(fmt, mats[j].cols, mats[j].rows)) return -1;
     const ActBuffers ab(fmt, x, 1, K);
