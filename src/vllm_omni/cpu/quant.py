@@ -59,7 +59,7 @@ class QuantMatrix:
 
 def packed_width(cols: int, fmt: str) -> int:
     """Columns of ``QuantMatrix.data`` for a matrix of ``cols`` inputs in ``fmt``."""
-    return cols * 9 // 16 if fmt == "int4" else cols
+    return cols // 64 * INT4_PAIR_BYTES // INT4_TILE if fmt == "int4" else cols
 
 
 def check_format(fmt: str) -> str:
