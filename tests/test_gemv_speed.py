@@ -1,9 +1,10 @@
-"""GEMV sweeps (``vo_gemv_sweeps``, ``vllm_omni.cpu.gemv_speed``) and ``vllm-omni-bench gemv``.
+"""GEMV sweeps (``vo_gemv_sweeps``), their plain reads (``vo_read_sweeps``) and ``vllm-omni-bench gemv``.
 
 The sweeps exist to time the row dots; what is checked here is that they compute the same
 GEMVs as ``vo_linear`` (bit for bit: the same row dots, and a row's result does not depend on
-the tile or thread it falls to), that bad shapes are refused, and that the benchmark writes a
-valid artifact. Speeds are the artifact's business, not the tests'.
+the tile or thread it falls to), that the plain-read sweeps read every byte the GEMVs read once
+per sweep (a checksum of the words read), that bad shapes are refused, and that the benchmark
+writes a valid artifact. Speeds are the artifact's business, not the tests'.
 """
 
 from __future__ import annotations
@@ -117,9 +118,12 @@ def test_bench_gemv_writes_a_valid_artifact(tmp_path):
     for r in rows:
         assert r["GEMVs best"] >= r["GEMVs median"] > 0 and r["read probe"] > 0
         assert (r["pass median"] is None) == (r["weight set"] != "pass matrices")
+        assert r["plain reads median"] > 0
+        assert r["GEMVs / plain reads"] == pytest.approx(r["GEMVs median"] / r["plain reads median"], rel=0.01)
     pass_row = rows[2]
     assert 0 < pass_row["GEMVs / pass"] < 2  # the GEMVs are part of the pass (call jitter aside)
     assert data["provenance"]["run"]["sets"]["int4/t1"]["pass matrices"]["matrices"] == 21
+    assert data["provenance"]["run"]["sets"]["int4/t1"]["pass matrices"]["read_sweeps"] > 0
 
 
 def test_bench_gemv_refuses_bad_lists(capsys):
@@ -130,3 +134,60 @@ def test_bench_gemv_refuses_bad_lists(capsys):
     assert main(["gemv", "--quick", "--thread-counts", "1,x"]) == 2
     assert "integers separated by commas" in capsys.readouterr().err
     assert main(["gemv", "--quick", "--thread-counts", "0"]) == 2
+
+
+def _word_sum(t, word) -> int:
+    """Sum of a tensor's bytes read as signed words of ``word`` (torch.int64 or torch.int32), mod 2^64."""
+    return sum(t.contiguous().reshape(-1).view(torch.uint8).view(word).tolist()) % (1 << 64)
+
+
+def _read_sweeps(fmt, mats, sweeps, threads):
+    c_mats = (native.VoMat * len(mats))(*[vo_mat(m) for m in mats])
+    secs = (ctypes.c_double * sweeps)()
+    checksum = ctypes.c_int64()
+    rc = native.load().vo_read_sweeps(native.FMT_CODES[fmt], c_mats, len(mats), sweeps, threads, secs,
+                                      ctypes.byref(checksum))
+    return rc, checksum.value % (1 << 64), list(secs)
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "int8", "int4"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_read_sweeps_read_every_byte_the_gemvs_read_once_per_sweep(fmt, threads):
+    from vllm_omni.cpu.hugepages import into_huge_arena
+
+    g = torch.Generator().manual_seed(5)
+    packed = [quantize(torch.randn(rows, cols, generator=g), fmt) for rows, cols in ((144, 3072), (208, 1088))]
+    arena, mats, _ = into_huge_arena(packed)  # 64-byte aligned, as the GEMV sweeps' sets are
+    sweeps = 3
+    rc, checksum, secs = _read_sweeps(fmt, mats, sweeps, threads)
+    assert rc == 0
+    assert all(s > 0 for s in secs)
+    per_sweep = sum(_word_sum(m.data, torch.int64) for m in mats)
+    if fmt == "int8":  # the row scales, one 32-bit word per row
+        per_sweep += sum(_word_sum(m.scale, torch.int32) for m in mats)
+    assert checksum == per_sweep * sweeps % (1 << 64)
+    ws = WeightSet(fmt, mats, (native.VoMat * len(mats))(*[vo_mat(m) for m in mats]), 0, arena)
+    from vllm_omni.cpu.gemv_speed import read_sweep_seconds
+
+    assert len(read_sweep_seconds(ws, threads, 2)) == 2
+
+
+def test_read_sweeps_refuse_bad_shapes_and_unaligned_rows():
+    from vllm_omni.cpu.gemv_speed import read_sweep_seconds
+    from vllm_omni.cpu.hugepages import into_huge_arena
+
+    g = torch.Generator().manual_seed(6)
+    arena, (m,), _ = into_huge_arena([quantize(torch.randn(64, 1024, generator=g), "int4")])
+    assert _read_sweeps("int4", [m], 1, 1)[0] == 0
+    lib = native.load()
+    secs, checksum = (ctypes.c_double * 1)(), ctypes.c_int64()
+    shifted = native.VoMat(m.data.data_ptr() + 32, None, 64, 1024)  # not on a 64-byte boundary
+    assert lib.vo_read_sweeps(native.FMT_CODES["int4"], ctypes.byref(shifted), 1, 1, 1, secs, ctypes.byref(checksum)) == -1
+    short_tile = native.VoMat(m.data.data_ptr(), None, 40, 1024)
+    assert lib.vo_read_sweeps(native.FMT_CODES["int4"], ctypes.byref(short_tile), 1, 1, 1, secs, ctypes.byref(checksum)) == -1
+    assert lib.vo_read_sweeps(native.FMT_CODES["int4"], ctypes.byref(short_tile), 0, 1, 1, secs, ctypes.byref(checksum)) == -1
+    bad = WeightSet("int4", [m], (native.VoMat * 1)(shifted), 0, arena)
+    with pytest.raises(RuntimeError, match="64-byte boundary"):
+        read_sweep_seconds(bad, 1, 1)
+    with pytest.raises(ValueError, match="threads and sweeps"):
+        read_sweep_seconds(bad, 0, 1)

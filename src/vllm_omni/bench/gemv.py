@@ -3,7 +3,8 @@
 A predictor pass that misses its read floor is held back either by the reads or by the work
 its row dots do in the core. This benchmark separates the two (``vllm_omni.cpu.gemv_speed``).
 For each format and thread count it times sweeps of GEMVs, matrix after matrix as in a pass,
-over four weight sets, each beside the read probe re-reading a buffer of the same size:
+over four weight sets, each beside the read probe re-reading a buffer of the same size and
+beside sweeps that make the same reads as the GEMVs with no arithmetic (*plain reads*):
 
 - *in L2*: half this host's L2 cache per thread, so the weights come from each core's L2;
 - *in L3*: 3/8 of the L3 cache, read from the L3 on every sweep;
@@ -13,7 +14,9 @@ over four weight sets, each beside the read probe re-reading a buffer of the sam
 - *memory*: at least 8 times the L3, streamed from memory on every sweep.
 
 Where the weights sit in a cache the probe reads far faster than memory: a GEMV well below the
-probe there is limited by its work in the core, whatever the memory does.
+probe there is limited by its work in the core, whatever the memory does. A GEMV that keeps up
+with its plain reads is limited by those reads: only a different read pattern, or fewer bytes,
+would make it faster.
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             sets["pass matrices"] = G.pass_weight_set(p)
             probe = {name: 0.0 for name in SETS}
             sweeps = {name: [] for name in SETS}
+            reads = {name: [] for name in SETS}
             passes: list[float] = []
             p.pass_once(x, position=PASS_POSITION, head=0)  # warm-up
             for _ in range(rounds):
@@ -95,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
                     probe[name] = max(probe[name], working_set_read_bandwidth(t, ws.nbytes, args.quick))
                     n = G.sweeps_for(ws.nbytes, args.quick)
                     sweeps[name] += G.gemv_sweep_seconds(ws, t, n + 1, args.variant)[1:]
+                    reads[name] += G.read_sweep_seconds(ws, t, n + 1, args.variant)[1:]
                     if name == "pass matrices":
                         passes += time_calls(lambda: p.pass_once(x, position=PASS_POSITION, head=0),
                                              repeats=pass_reps, warmup=1)
@@ -102,17 +107,20 @@ def run(args: argparse.Namespace) -> int:
                 ws, secs = sets[name], sweeps[name]
                 med_s, best_s = median(secs), min(secs)
                 gb_med, gb_best = ws.nbytes / med_s / 1e9, ws.nbytes / best_s / 1e9
+                gb_reads = ws.nbytes / median(reads[name]) / 1e9
                 pass_ms = median(passes) if name == "pass matrices" else None
                 rows.append([
                     fmt, t, name, round(ws.nbytes / 1e6, 2), round(gb_med, 2), round(gb_best, 2), round(probe[name], 2),
-                    round(gb_best / probe[name], 3), round(med_s * 1e3, 4),
+                    round(gb_best / probe[name], 3), round(gb_reads, 2), round(gb_med / gb_reads, 3),
+                    round(med_s * 1e3, 4),
                     None if pass_ms is None else round(pass_ms, 3),
                     None if pass_ms is None else round(med_s * 1e3 / pass_ms, 3),
                 ])
                 print(f"{fmt} t={t} {name:13s} {ws.nbytes / 1e6:8.1f} MB: GEMVs {gb_med:6.1f} GB/s median, "
-                      f"{gb_best:6.1f} best; probe {probe[name]:6.1f} GB/s"
+                      f"{gb_best:6.1f} best; plain reads {gb_reads:6.1f} median; probe {probe[name]:6.1f} GB/s"
                       + ("" if pass_ms is None else f"; pass {pass_ms:.3f} ms, GEMVs {med_s * 1e3:.3f} ms"))
-            run_info[f"{fmt}/t{t}"] = {name: {"matrices": len(sets[name].mats), "sweeps": len(sweeps[name])}
+            run_info[f"{fmt}/t{t}"] = {name: {"matrices": len(sets[name].mats), "sweeps": len(sweeps[name]),
+                                              "read_sweeps": len(reads[name])}
                                        for name in SETS}
         del p
     tcs = "-".join(str(t) for t in counts)
@@ -130,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
             {"name": "GEMVs best", "unit": "GB/s", "type": "number", "format": ".1f"},
             {"name": "read probe", "unit": "GB/s", "type": "number", "format": ".1f"},
             {"name": "GEMVs best / probe", "unit": None, "type": "number", "format": ".2f"},
+            {"name": "plain reads median", "unit": "GB/s", "type": "number", "format": ".1f"},
+            {"name": "GEMVs / plain reads", "unit": None, "type": "number", "format": ".2f"},
             {"name": "GEMV sweep median", "unit": "ms", "type": "number", "format": ".3f"},
             {"name": "pass median", "unit": "ms", "type": "number", "format": ".3f"},
             {"name": "GEMVs / pass", "unit": None, "type": "number", "format": ".2f"},
@@ -153,7 +163,11 @@ def run(args: argparse.Namespace) -> int:
                "of one predictor pass, with the pass itself (FusedPredictor.pass_once at KV position 8, as "
                "vllm-omni-bench predictor times it) in the same rounds: 'GEMVs / pass' is the share of the pass "
                "its GEMVs take. 'read probe' = the best sweep of the native probe re-reading a buffer of the "
-               "set's size (1 or 2 streams per thread), the best of the rounds."
+               "set's size (1 or 2 streams per thread), the best of the rounds. 'plain reads median' = the "
+               "median sweep of vo_read_sweeps over the same set in the same rounds: the GEMVs' reads (same "
+               "matrices, rows, thread shares, read streams and barriers) with each 64-byte line only added into "
+               "an accumulator; 'GEMVs / plain reads' = GEMVs median over plain reads median, 1 where the GEMVs "
+               "are held back by their reads alone."
                + (" Quick mode: few sweeps, a smaller memory set; for doctests only, not a figure." if args.quick else "")),
     )
     return 0

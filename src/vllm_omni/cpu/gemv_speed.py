@@ -8,7 +8,9 @@ tells them apart. It times the same GEMVs as the pass (``vo_gemv_sweeps`` in
 chosen sizes, from one that fits in a core's L2 cache to one many times the L3. Where the
 weights fit in a cache, the reads are cheap and the time is the core's; where they do not, the
 reads dominate. The read probe at the same size (``vllm_omni.cpu.bandwidth``) is the other
-half of each comparison.
+half of each comparison. Between the two sit the *plain reads* (``vo_read_sweeps``): the
+GEMVs' own reads, same rows, shares, streams and barriers, with no arithmetic on the bytes.
+GEMVs as fast as their plain reads are limited by how they read, not by what they compute.
 
 A weight set is a run of packed matrices of the predictor's input width (1024), about 2 MiB
 each, the size of the pass's matrices, in one huge-page arena as the pass keeps its weights.
@@ -78,8 +80,7 @@ def _first_rows(m: QuantMatrix, rows: int) -> QuantMatrix:
 
 def gemv_sweep_seconds(ws: WeightSet, threads: int, sweeps: int, variant: str = "native") -> list[float]:
     """Wall seconds of ``sweeps`` sweeps over the set's GEMVs (the first one included: drop it)."""
-    if threads < 1 or sweeps < 1:
-        raise ValueError(f"threads and sweeps must be >= 1, got {threads} and {sweeps}")
+    _check_sweeps(threads, sweeps)
     k = max(m.cols for m in ws.mats)
     x = torch.randn(k, generator=torch.Generator().manual_seed(1)) * 0.5
     y = torch.empty(max(m.rows for m in ws.mats))
@@ -89,6 +90,29 @@ def gemv_sweep_seconds(ws: WeightSet, threads: int, sweeps: int, variant: str = 
     if rc != 0:
         raise RuntimeError(f"vo_gemv_sweeps failed ({rc}) on {len(ws.mats)} {ws.fmt} matrices")
     return list(seconds)
+
+
+def read_sweep_seconds(ws: WeightSet, threads: int, sweeps: int, variant: str = "native") -> list[float]:
+    """Wall seconds of ``sweeps`` sweeps that make the GEMVs' reads and nothing else (first one included).
+
+    Same matrices, rows, thread shares, read streams and barriers as ``gemv_sweep_seconds``;
+    each row's bytes are loaded and summed, with no dots (``vo_read_sweeps``). GEMVs that
+    sweep as fast as this are held back by their reads, not by their arithmetic.
+    """
+    _check_sweeps(threads, sweeps)
+    seconds = (ctypes.c_double * sweeps)()
+    checksum = ctypes.c_int64()
+    rc = native.load(variant).vo_read_sweeps(native.FMT_CODES[ws.fmt], ws.c_mats, len(ws.mats), sweeps, threads,
+                                             seconds, ctypes.byref(checksum))
+    if rc != 0:
+        raise RuntimeError(f"vo_read_sweeps failed ({rc}) on {len(ws.mats)} {ws.fmt} matrices "
+                           "(shapes the GEMVs take, each starting on a 64-byte boundary)")
+    return list(seconds)
+
+
+def _check_sweeps(threads: int, sweeps: int) -> None:
+    if threads < 1 or sweeps < 1:
+        raise ValueError(f"threads and sweeps must be >= 1, got {threads} and {sweeps}")
 
 
 def cache_bytes(level: int, cpu: int = 0) -> int | None:

@@ -173,6 +173,7 @@ _SIGNATURES = {
                                 ctypes.c_uint64, P]),
     "vo_read_bandwidth": (ctypes.c_double, [_I64, _I32, _I32, _I32]),
     "vo_gemv_sweeps": (_I32, [_I32, ctypes.POINTER(VoMat), _I32, P, _I64, P, _I32, _I32, P]),
+    "vo_read_sweeps": (_I32, [_I32, ctypes.POINTER(VoMat), _I32, _I32, _I32, P, ctypes.POINTER(_I64)]),
 }
 FMT_CODES = {"fp32": 0, "int8": 1, "int4": 2}
 

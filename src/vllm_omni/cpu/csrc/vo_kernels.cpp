@@ -719,7 +719,7 @@ int run_threads(const VoStack& st) { return st.threads > 0 ? st.threads : omp_ge
 
 extern "C" {
 
-int32_t vo_version() { return 7; }
+int32_t vo_version() { return 8; }
 
 // The counter-based uniforms of key at indices index0 .. index0 + n - 1 (for tests).
 void vo_counter_uniforms(uint64_t key, uint64_t index0, int64_t n, float* out) {
@@ -828,6 +828,36 @@ int32_t vo_linear(int32_t fmt, const VoMat* mp, const float* x, int32_t M, float
     return 0;
 }
 
+}  // extern "C"
+
+namespace {
+
+// `sweeps` runs of sweep() (which must end in a barrier) inside one parallel region of `threads`
+// threads; seconds[i] is the wall time of run i, from the barrier before it to its last barrier.
+template <class F>
+void timed_sweeps(int32_t threads, int32_t sweeps, double* seconds, F&& sweep) {
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
+    for (int32_t r = 0; r < sweeps; ++r) {
+#pragma omp barrier
+        const double t0 = omp_get_wtime();
+        sweep();
+#pragma omp master
+        seconds[r] = omp_get_wtime() - t0;
+    }
+}
+
+// Each matrix's shape, for the GEMV sweeps: inputs no wider than K, rows the format can tile.
+bool sweep_mats_ok(int32_t fmt, const VoMat* mats, int32_t n, int64_t K) {
+    if (n < 1 || !inputs_ok(fmt, K)) return false;
+    for (int32_t j = 0; j < n; ++j)
+        if (mats[j].cols > K || !linear_ok(fmt, mats[j].cols, mats[j].rows)) return false;
+    return true;
+}
+
+}  // namespace
+
+extern "C" {
+
 // The GEMVs of n matrices, one after another as a pass walks its weights, `sweeps` times over,
 // inside one parallel region (as vo_read_bandwidth sweeps its buffer): seconds[i] is the wall
 // time of sweep i, from a barrier to the barrier that ends its last GEMV. Matrix j takes the
@@ -838,23 +868,16 @@ int32_t vo_linear(int32_t fmt, const VoMat* mp, const float* x, int32_t M, float
 // shape/format.
 int32_t vo_gemv_sweeps(int32_t fmt, const VoMat* mats, int32_t n, const float* x, int64_t K, float* y, int32_t sweeps,
                        int32_t threads, double* seconds) {
-    if (n < 1 || sweeps < 1 || !inputs_ok(fmt, K)) return -1;
-    for (int32_t j = 0; j < n; ++j)
-        if (mats[j].cols > K || !linear_ok(fmt, mats[j].cols, mats[j].rows)) return -1;
+    if (sweeps < 1 || !sweep_mats_ok(fmt, mats, n, K)) return -1;
     const ActBuffers ab(fmt, x, 1, K);
-#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
-    for (int32_t r = 0; r < sweeps; ++r) {
-#pragma omp barrier
-        const double t0 = omp_get_wtime();
+    timed_sweeps(threads, sweeps, seconds, [&] {
         for (int32_t j = 0; j < n; ++j)
             for_gemv_rows(fmt, mats[j].rows, [&](int64_t r0, int nr) {  // ends in a barrier
                 float v[ROW_TILE];
                 tile_dot(fmt, mats[j], r0, nr, ab.act[0], v);
                 std::memcpy(y + r0, v, sizeof(float) * nr);
             });
-#pragma omp master
-        seconds[r] = omp_get_wtime() - t0;
-    }
+    });
     return 0;
 }
 
@@ -1086,6 +1109,26 @@ int64_t read_lines(const char* buf, int64_t lo, int64_t hi) {
     return total;
 }
 
+// The bytes tile_dot reads from m's weights for rows r0 .. r0 + nr (int8: with the row scales),
+// in the same order, each 64-byte line added into an accumulator as 64-bit words: the GEMV's
+// reads with none of its unpacking, dots or scale multiplies.
+inline void tile_read(int fmt, const VoMat& m, int64_t r0, int nr, vline& a, vline& b, int64_t& scalars) {
+    int64_t n = m.cols * (fmt == FMT_F32 ? 4 : 1) * nr;
+    const char* p = (const char*)m.w + r0 * (n / nr);
+    if (fmt == FMT_I4) {
+        n = m.cols / 64 * Q4_PAIR_BYTES;
+        p = (const char*)m.w + r0 / Q4_TILE * n;
+    }
+    int64_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        a = vadd(a, p + i);
+        b = vadd(b, p + i + 64);
+    }
+    for (; i < n; i += 64) a = vadd(a, p + i);
+    if (fmt == FMT_I8)
+        for (int k = 0; k < nr; ++k) scalars += ((const int32_t*)m.s)[r0 + k];
+}
+
 }  // namespace
 
 extern "C" {
@@ -1134,6 +1177,35 @@ double vo_read_bandwidth(int64_t bytes, int32_t threads, int32_t reps, int32_t s
     munmap(map, mapped);
     (void)sink;
     return best;
+}
+
+// The reads of vo_gemv_sweeps alone: the same matrices, rows, thread shares, read streams and
+// barriers, but each row's bytes only loaded and summed (tile_read), with no dots. Against the
+// GEMV sweeps it tells how much of their time the arithmetic adds to the reads they must make.
+// Matrices must start on 64-byte boundaries (the packed arenas do). *checksum gets the sum, over
+// all sweeps and mod 2^64, of the bytes read as 64-bit words (int8 row scales as 32-bit ones), so
+// a test can tell that every byte a GEMV reads was read once per sweep. Returns 0, or -1 for a
+// bad shape/format or alignment.
+int32_t vo_read_sweeps(int32_t fmt, const VoMat* mats, int32_t n, int32_t sweeps, int32_t threads, double* seconds,
+                       int64_t* checksum) {
+    int64_t widest = 0;
+    for (int32_t j = 0; j < n; ++j) {
+        if ((uintptr_t)mats[j].w % 64) return -1;
+        widest = std::max(widest, mats[j].cols);
+    }
+    if (sweeps < 1 || !sweep_mats_ok(fmt, mats, n, widest)) return -1;
+    uint64_t total = 0;
+    timed_sweeps(threads, sweeps, seconds, [&] {
+        vline a = vzero(), b = vzero();
+        int64_t scalars = 0;
+        for (int32_t j = 0; j < n; ++j)
+            for_gemv_rows(fmt, mats[j].rows, [&](int64_t r0, int nr) { tile_read(fmt, mats[j], r0, nr, a, b, scalars); });
+        const uint64_t mine = (uint64_t)vsum(a) + (uint64_t)vsum(b) + (uint64_t)scalars;
+#pragma omp atomic
+        total += mine;
+    });
+    *checksum = (int64_t)total;
+    return 0;
 }
 
 }  // extern "C"
