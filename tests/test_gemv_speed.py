@@ -118,7 +118,8 @@ def test_bench_gemv_writes_a_valid_artifact(tmp_path):
     for r in rows:
         assert r["GEMVs best"] >= r["GEMVs median"] > 0 and r["read probe"] > 0
         assert (r["pass median"] is None) == (r["weight set"] != "pass matrices")
-        assert r["plain reads median"] > 0
+        assert r["plain reads best"] >= r["plain reads median"] > 0
+        assert r["plain reads best / probe"] == pytest.approx(r["plain reads best"] / r["read probe"], rel=0.01)
         assert r["GEMVs / plain reads"] == pytest.approx(r["GEMVs median"] / r["plain reads median"], rel=0.01)
     pass_row = rows[2]
     assert 0 < pass_row["GEMVs / pass"] < 2  # the GEMVs are part of the pass (call jitter aside)
