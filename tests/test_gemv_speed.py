@@ -142,25 +142,26 @@ def _word_sum(t, word) -> int:
     return sum(t.contiguous().reshape(-1).view(torch.uint8).view(word).tolist()) % (1 << 64)
 
 
-def _read_sweeps(fmt, mats, sweeps, threads):
+def _read_sweeps(fmt, mats, sweeps, threads, variant="native"):
     c_mats = (native.VoMat * len(mats))(*[vo_mat(m) for m in mats])
     secs = (ctypes.c_double * sweeps)()
     checksum = ctypes.c_int64()
-    rc = native.load().vo_read_sweeps(native.FMT_CODES[fmt], c_mats, len(mats), sweeps, threads, secs,
+    rc = native.load(variant).vo_read_sweeps(native.FMT_CODES[fmt], c_mats, len(mats), sweeps, threads, secs,
                                       ctypes.byref(checksum))
     return rc, checksum.value % (1 << 64), list(secs)
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "int8", "int4"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_read_sweeps_read_every_byte_the_gemvs_read_once_per_sweep(fmt, threads):
+@pytest.mark.parametrize("variant", ["native", "avx2", "generic"])
+def test_read_sweeps_read_every_byte_the_gemvs_read_once_per_sweep(fmt, threads, variant):
     from vllm_omni.cpu.hugepages import into_huge_arena
 
     g = torch.Generator().manual_seed(5)
     packed = [quantize(torch.randn(rows, cols, generator=g), fmt) for rows, cols in ((144, 3072), (208, 1088))]
     arena, mats, _ = into_huge_arena(packed)  # 64-byte aligned, as the GEMV sweeps' sets are
     sweeps = 3
-    rc, checksum, secs = _read_sweeps(fmt, mats, sweeps, threads)
+    rc, checksum, secs = _read_sweeps(fmt, mats, sweeps, threads, variant)
     assert rc == 0
     assert all(s > 0 for s in secs)
     per_sweep = sum(_word_sum(m.data, torch.int64) for m in mats)
@@ -170,7 +171,7 @@ def test_read_sweeps_read_every_byte_the_gemvs_read_once_per_sweep(fmt, threads)
     ws = WeightSet(fmt, mats, (native.VoMat * len(mats))(*[vo_mat(m) for m in mats]), 0, arena)
     from vllm_omni.cpu.gemv_speed import read_sweep_seconds
 
-    assert len(read_sweep_seconds(ws, threads, 2)) == 2
+    assert len(read_sweep_seconds(ws, threads, 2, variant)) == 2
 
 
 def test_read_sweeps_refuse_bad_shapes_and_unaligned_rows():
