@@ -18,8 +18,9 @@ torch = pytest.importorskip("torch")
 
 from vllm_omni.cpu import native  # noqa: E402
 from vllm_omni.cpu.gemv_speed import (  # noqa: E402
-    ROW_MULTIPLE, WeightSet, cache_bytes, gemv_sweep_seconds, pass_weight_set, weight_set,
+    ROW_MULTIPLE, WeightSet, cache_bytes, gemv_sweep_seconds, pass_weight_set, read_sweep_seconds, weight_set,
 )
+from vllm_omni.cpu.hugepages import into_huge_arena  # noqa: E402
 from vllm_omni.cpu.predictor import vo_mat  # noqa: E402
 from vllm_omni.cpu.quant import quantize  # noqa: E402
 
@@ -155,8 +156,6 @@ def _read_sweeps(fmt, mats, sweeps, threads, variant="native"):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("variant", ["native", "avx2", "generic"])
 def test_read_sweeps_read_every_byte_the_gemvs_read_once_per_sweep(fmt, threads, variant):
-    from vllm_omni.cpu.hugepages import into_huge_arena
-
     g = torch.Generator().manual_seed(5)
     packed = [quantize(torch.randn(rows, cols, generator=g), fmt) for rows, cols in ((144, 3072), (208, 1088))]
     arena, mats, _ = into_huge_arena(packed)  # 64-byte aligned, as the GEMV sweeps' sets are
@@ -169,15 +168,10 @@ def test_read_sweeps_read_every_byte_the_gemvs_read_once_per_sweep(fmt, threads,
         per_sweep += sum(_word_sum(m.scale, torch.int32) for m in mats)
     assert checksum == per_sweep * sweeps % (1 << 64)
     ws = WeightSet(fmt, mats, (native.VoMat * len(mats))(*[vo_mat(m) for m in mats]), 0, arena)
-    from vllm_omni.cpu.gemv_speed import read_sweep_seconds
-
     assert len(read_sweep_seconds(ws, threads, 2, variant)) == 2
 
 
 def test_read_sweeps_refuse_bad_shapes_and_unaligned_rows():
-    from vllm_omni.cpu.gemv_speed import read_sweep_seconds
-    from vllm_omni.cpu.hugepages import into_huge_arena
-
     g = torch.Generator().manual_seed(6)
     arena, (m,), _ = into_huge_arena([quantize(torch.randn(64, 1024, generator=g), "int4")])
     assert _read_sweeps("int4", [m], 1, 1)[0] == 0
