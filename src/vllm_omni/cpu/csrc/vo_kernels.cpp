@@ -295,6 +295,12 @@ inline float dot_q8(const int8_t* w, const Act& a, int64_t n) {
 constexpr int Q4_TILE = 16;
 constexpr int64_t Q4_PAIR_BYTES = 576;
 
+// Bytes of one int4 tile of a matrix with `cols` inputs, and the tile holding row r0 of m.
+inline int64_t q4_tile_bytes(int64_t cols) { return cols / 64 * Q4_PAIR_BYTES; }
+inline const uint8_t* q4_tile_at(const VoMat& m, int64_t r0) {
+    return (const uint8_t*)m.w + r0 / Q4_TILE * q4_tile_bytes(m.cols);
+}
+
 // The 4 activation bytes at p as one little-endian word (the operand every lane shares).
 inline int32_t act_word(const int8_t* p) {
     int32_t v;
@@ -414,7 +420,7 @@ constexpr int ROW_TILE = Q4_TILE;
 inline void tile_dot(int fmt, const VoMat& m, int64_t r0, int nr, const Act& a, float* out) {
     if (fmt == FMT_I4) {
         float v[Q4_TILE];
-        q4_tile((const uint8_t*)m.w + r0 / Q4_TILE * (m.cols / 64 * Q4_PAIR_BYTES), a, m.cols, v);
+        q4_tile(q4_tile_at(m, r0), a, m.cols, v);
         std::memcpy(out, v, sizeof(float) * nr);
         return;
     }
@@ -1113,12 +1119,9 @@ int64_t read_lines(const char* buf, int64_t lo, int64_t hi) {
 // in the same order, each 64-byte line added into an accumulator as 64-bit words: the GEMV's
 // reads with none of its unpacking, dots or scale multiplies.
 inline void tile_read(int fmt, const VoMat& m, int64_t r0, int nr, vline& a, vline& b, int64_t& scalars) {
-    int64_t n = m.cols * (fmt == FMT_F32 ? 4 : 1) * nr;
-    const char* p = (const char*)m.w + r0 * (n / nr);
-    if (fmt == FMT_I4) {
-        n = m.cols / 64 * Q4_PAIR_BYTES;
-        p = (const char*)m.w + r0 / Q4_TILE * n;
-    }
+    const int64_t row = m.cols * (fmt == FMT_F32 ? 4 : 1);
+    const char* p = fmt == FMT_I4 ? (const char*)q4_tile_at(m, r0) : (const char*)m.w + r0 * row;
+    const int64_t n = fmt == FMT_I4 ? q4_tile_bytes(m.cols) : row * nr;
     int64_t i = 0;
     for (; i + 128 <= n; i += 128) {
         a = vadd(a, p + i);
