@@ -151,6 +151,22 @@ def test_single_pass_matches_reference(weights, fused_fp32, reference):
     torch.testing.assert_close(logits, ref, atol=FP32_ATOL, rtol=FP32_RTOL)
 
 
+def test_pass_once_is_forward_without_allocating(fused_fp32):
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(1, 1024, generator=g) * 0.5
+    _, expected = fused_fp32.native.forward(x, 7, fused_fp32.heads[2])  # allocates its outputs
+    got = fused_fp32.pass_once(x, position=7, head=2)
+    assert torch.equal(got, expected)
+    again = fused_fp32.pass_once(x.double().view(1024), position=7, head=2)  # converted, same values
+    assert again.data_ptr() == got.data_ptr() and torch.equal(again, expected)
+    with pytest.raises(ValueError, match="1024 values"):
+        fused_fp32.pass_once(torch.zeros(1, 512), position=7)
+    with pytest.raises(ValueError, match="head must be in 0..14"):
+        fused_fp32.pass_once(x, position=7, head=15)
+    with pytest.raises(RuntimeError, match="vo_stack_forward failed"):
+        fused_fp32.pass_once(x, position=16)
+
+
 def test_thread_count_does_not_change_results(weights, fused_fp32):
     ph, c0 = inputs(3)
     fused_fp32.set_threads(1)

@@ -100,12 +100,15 @@ class NativeStack:
         t = x.shape[0]
         out = torch.empty(t, self.stack.hidden)
         logits = None if head is None else torch.empty(head.rows)
-        hm = None if head is None else ctypes.byref(vo_mat(head))
-        rc = self.lib.vo_stack_forward(ctypes.byref(self.c), x.data_ptr(), t, int(pos0), out.data_ptr(), hm,
-                                       _ptr(logits))
+        self.forward_into(x.data_ptr(), t, pos0, out.data_ptr(), None if head is None else vo_mat(head), _ptr(logits))
+        return out, logits
+
+    def forward_into(self, x: int, t: int, pos0: int, out: int, head: native.VoMat | None, logits: int | None) -> None:
+        """``forward`` on raw pointers into caller-owned buffers, for loops that allocate nothing per call."""
+        hm = None if head is None else ctypes.byref(head)
+        rc = self.lib.vo_stack_forward(ctypes.byref(self.c), x, t, int(pos0), out, hm, logits)
         if rc != 0:
             raise RuntimeError(f"vo_stack_forward failed ({rc}): T={t}, pos0={pos0}, max_positions={self.max_positions}")
-        return out, logits
 
     def fill_cache(self, length: int, seed: int = 0) -> None:
         """Fill the first ``length`` cache positions with random K/V (benchmark set-up)."""
@@ -141,6 +144,9 @@ class FusedPredictor:
         self._sum = torch.empty(self.ht)
         self._logits = torch.empty(self.groups, self.vocab)
         self._uniforms = torch.empty(self.groups, self.vocab)
+        self._pass_x = torch.zeros(spec.predictor.hidden)
+        self._pass_out = torch.empty(spec.predictor.hidden)
+        self._pass_logits = torch.empty(self.vocab)
 
     @property
     def threads(self) -> int:
@@ -191,12 +197,23 @@ class FusedPredictor:
     def pass_once(self, x: Tensor | None = None, *, position: int = 8, head: int = 0) -> Tensor:
         """One single-token pass (5 layers, final norm, ``lm_head[head]``) at ``position``; its logits.
 
-        For timing a single pass: the cache keeps whatever earlier frames left in it.
+        For timing a single pass: the cache keeps whatever earlier frames left in it. The
+        logits are a buffer the next call overwrites (clone them to keep them): the call
+        allocates nothing and runs no torch operator when ``x`` is float32 and contiguous,
+        because after a pass has streamed its weights through the caches every such step
+        costs tens of microseconds, and that is not part of the pass.
         """
         if x is None:
-            x = torch.zeros(1, self.spec.predictor.hidden)
-        _, logits = self.native.forward(x.reshape(1, -1), position, self.heads[head])
-        return logits
+            x = self._pass_x
+        elif x.dtype != torch.float32 or not x.is_contiguous():
+            x = x.float().contiguous()
+        if x.numel() != self._pass_x.numel():
+            raise ValueError(f"x must hold {self._pass_x.numel()} values, got {tuple(x.shape)}")
+        if not 0 <= head < self.groups:
+            raise ValueError(f"head must be in 0..{self.groups - 1}, got {head}")
+        self.native.forward_into(x.data_ptr(), 1, position, self._pass_out.data_ptr(), self.c_heads[head],
+                                 self._pass_logits.data_ptr())
+        return self._pass_logits
 
     @property
     def pass_bytes(self) -> int:
