@@ -320,16 +320,24 @@ inline __m512 q4_group16(const uint8_t* x, const uint16_t* sc, const Act& a, int
     // one load per line: without this the compiler folds each line into both its AND and its
     // AND-NOT, loading it twice
     asm("" : "+v"(x0), "+v"(x1), "+v"(x2), "+v"(x3));
-    auto w = [&](int i) { return _mm512_set1_epi32(act_word(q + 4 * i)); };
-    __m512i lo0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(a.gcorr[g]), _mm512_and_si512(x0, m4), w(0));
-    __m512i lo1 = _mm512_dpbusd_epi32(z, _mm512_and_si512(x1, m4), w(2));
-    __m512i hi0 = _mm512_dpbusd_epi32(z, _mm512_andnot_si512(m4, x0), w(1));
-    __m512i hi1 = _mm512_dpbusd_epi32(z, _mm512_andnot_si512(m4, x1), w(3));
-    lo0 = _mm512_dpbusd_epi32(lo0, _mm512_and_si512(x2, m4), w(4));
-    lo1 = _mm512_dpbusd_epi32(lo1, _mm512_and_si512(x3, m4), w(6));
-    hi0 = _mm512_dpbusd_epi32(hi0, _mm512_andnot_si512(m4, x2), w(5));
-    hi1 = _mm512_dpbusd_epi32(hi1, _mm512_andnot_si512(m4, x3), w(7));
-    const __m512i s = _mm512_add_epi32(_mm512_add_epi32(lo0, lo1), _mm512_srai_epi32(_mm512_add_epi32(hi0, hi1), 4));
+    // acc + the dot of line bytes wb with activation word i, the word broadcast inside the
+    // instruction: GCC emits a separate broadcast for _mm512_set1_epi32, one more vector
+    // operation per line in a loop that the core's vector units already bound
+    // (docs/analysis/cpu-kernels.md)
+    auto dot = [q](__m512i acc, __m512i wb, int i) {
+        asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(wb), "m"(*(const int32_t*)(q + 4 * i)));
+        return acc;
+    };
+    // two chains of four dots, low nibbles (starting from the group's offset) and high ones
+    __m512i lo = dot(_mm512_set1_epi32(a.gcorr[g]), _mm512_and_si512(x0, m4), 0);
+    __m512i hi = dot(z, _mm512_andnot_si512(m4, x0), 1);
+    lo = dot(lo, _mm512_and_si512(x1, m4), 2);
+    hi = dot(hi, _mm512_andnot_si512(m4, x1), 3);
+    lo = dot(lo, _mm512_and_si512(x2, m4), 4);
+    hi = dot(hi, _mm512_andnot_si512(m4, x2), 5);
+    lo = dot(lo, _mm512_and_si512(x3, m4), 6);
+    hi = dot(hi, _mm512_andnot_si512(m4, x3), 7);
+    const __m512i s = _mm512_add_epi32(lo, _mm512_srai_epi32(hi, 4));
     const __m512 scl = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)sc)), _mm512_set1_ps(a.d[g]));
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scl, acc);
 }
