@@ -46,7 +46,7 @@ def _linear(fmt, m, x):
 def test_sweeps_compute_the_same_gemv_as_vo_linear(fmt, threads):
     g = torch.Generator().manual_seed(3)
     # the last matrix is narrower than x (17 pairs of int4 groups): it takes the first 1088 inputs
-    mats = [quantize(torch.randn(rows, cols, generator=g), fmt) for rows, cols in ((144, 3072), (208, 1088))]
+    mats = [quantize(torch.randn(rows, cols, generator=g), fmt) for rows, cols in ((160, 3072), (224, 1088))]
     x = torch.randn(3072, generator=g) * 0.5
     rc, y, secs = _sweep_output(fmt, mats, x, threads)
     assert rc == 0
@@ -66,7 +66,7 @@ def test_sweeps_refuse_bad_shapes():
     assert lib.vo_gemv_sweeps(native.FMT_CODES["int4"], ctypes.byref(odd), 1, x.data_ptr(), 1024, y.data_ptr(), 1, 1, secs) == -1
     assert lib.vo_gemv_sweeps(7, ctypes.byref(odd), 1, x.data_ptr(), 1024, y.data_ptr(), 1, 1, secs) == -1
     assert lib.vo_gemv_sweeps(native.FMT_CODES["int4"], ctypes.byref(odd), 1, x.data_ptr(), 1024, y.data_ptr(), 0, 1, secs) == -1
-    short_tile = native.VoMat(wide.data.data_ptr(), None, 40, 1024)  # int4 rows come in tiles of 16
+    short_tile = native.VoMat(wide.data.data_ptr(), None, 40, 1024)  # int4 rows come in tiles of 32
     assert lib.vo_gemv_sweeps(native.FMT_CODES["int4"], ctypes.byref(short_tile), 1, x.data_ptr(), 1024, y.data_ptr(), 1, 1, secs) == -1
 
 
@@ -157,7 +157,7 @@ def _read_sweeps(fmt, mats, sweeps, threads, variant="native"):
 @pytest.mark.parametrize("variant", ["native", "avx2", "generic"])
 def test_read_sweeps_read_every_byte_the_gemvs_read_once_per_sweep(fmt, threads, variant):
     g = torch.Generator().manual_seed(5)
-    packed = [quantize(torch.randn(rows, cols, generator=g), fmt) for rows, cols in ((144, 3072), (208, 1088))]
+    packed = [quantize(torch.randn(rows, cols, generator=g), fmt) for rows, cols in ((160, 3072), (224, 1088))]
     arena, mats, _ = into_huge_arena(packed)  # 64-byte aligned, as the GEMV sweeps' sets are
     sweeps = 3
     rc, checksum, secs = _read_sweeps(fmt, mats, sweeps, threads, variant)

@@ -320,7 +320,7 @@ def test_vo_linear_matches_dequantized_matmul(fmt):
 
     lib = native.load()
     g = torch.Generator().manual_seed(3)
-    n_out = 336 if fmt == "int4" else 333  # int4: 21 tiles of 16 rows, split 10 + 11 at 2 threads
+    n_out = 352 if fmt == "int4" else 333  # int4: 11 tiles of 32 rows, split 5 + 6 at 2 threads
     w = torch.randn(n_out, 320, generator=g)  # 5 pairs of int4 groups per row
     m = quantize(w, fmt)
     ref_w = w if fmt == "fp32" else dequantize(m)
@@ -341,12 +341,12 @@ def test_vo_linear_matches_dequantized_matmul(fmt):
             assert float(err.max()) < QUANT_MAX_REL * float(ref.abs().max())
     bad = native.VoMat(None, None, 4, 100)  # 100 inputs: not a multiple of 64
     assert lib.vo_linear(0, ctypes.byref(bad), x.data_ptr(), 1, x.data_ptr(), 1) == -1
-    short_tile = native.VoMat(m.data.data_ptr(), None, 40, 320)  # int4 rows come in tiles of 16
+    short_tile = native.VoMat(m.data.data_ptr(), None, 40, 320)  # int4 rows come in tiles of 32
     assert lib.vo_linear(native.FMT_CODES["int4"], ctypes.byref(short_tile), x.data_ptr(), 1, x.data_ptr(), 1) == -1
 
 
 def test_vo_linear_int4_takes_long_rows():
-    """No limit on the row length: 33024 inputs (1032 scale groups, 516 of the tiles' 576-byte units)."""
+    """No limit on the row length: 33024 inputs (1032 scale groups, each one of the tile's 576-byte units)."""
     import ctypes
 
     from vllm_omni.cpu import native
@@ -354,9 +354,9 @@ def test_vo_linear_int4_takes_long_rows():
     from vllm_omni.cpu.quant import dequantize, quantize
 
     g = torch.Generator().manual_seed(5)
-    m = quantize(torch.randn(16, 33024, generator=g), "int4")
+    m = quantize(torch.randn(32, 33024, generator=g), "int4")
     x = torch.randn(2, 33024, generator=g)
-    y = torch.empty(2, 16)
+    y = torch.empty(2, 32)
     assert native.load().vo_linear(native.FMT_CODES["int4"], ctypes.byref(vo_mat(m)), x.data_ptr(), 2, y.data_ptr(), 2) == 0
     ref = x @ dequantize(m).T
     assert float((y - ref).abs().max()) < QUANT_MAX_REL * float(ref.abs().max())

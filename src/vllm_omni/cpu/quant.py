@@ -9,17 +9,17 @@ Formats (the byte counts of ``vllm_omni.models.linear_bytes``):
 - ``int4``: symmetric, groups of 32 consecutive weights along the input dimension,
   ``w ~= d * (n - 8)`` with ``d = max |w| / 7`` stored as fp16 and ``n`` in 1..15 (``n - 8``
   in -7..7): 0.5 B per weight plus 2 B per group, scales and nibbles in one tensor laid out
-  for the kernels' integer dots. Rows come in tiles of 16. For each pair of groups (64
-  inputs) a tile holds 576 bytes: the 32 scales (the first group's for rows 0-15, then the
-  second's), then 256 bytes per group, four 64-byte lines ``j`` whose 4-byte lane ``r``
-  belongs to row ``r``: byte ``b`` of the lane holds element ``8j + b`` of the group in its
-  low nibble and element ``8j + 4 + b`` in its high nibble. One 512-bit integer dot thus takes
-  16 rows times 4 inputs, and a tile is one run of bytes, its scales included. ``data`` is
-  that byte stream viewed as ``[out, in * 9 / 16]`` (16 consecutive view rows per tile);
-  ``scale`` is None.
+  for the kernels' integer dots. Rows come in tiles of 32. For each group (32 inputs) a tile
+  holds 576 bytes: the 32 scales (rows 0-31), then eight 64-byte lines ``j`` whose 4-byte
+  lane ``r`` (0-15) holds elements ``4j .. 4j + 3`` of the group, byte ``b`` element
+  ``4j + b``: row ``r``'s nibble in its low half, row ``16 + r``'s in its high half. One
+  512-bit integer dot thus takes 16 rows times 4 inputs, the two nibbles of a byte meet the
+  same input (so a dot of whole bytes yields the high rows without a second mask), and a tile
+  is one run of bytes, its scales included. ``data`` is that byte stream viewed as
+  ``[out, in * 9 / 16]`` (32 consecutive view rows per tile); ``scale`` is None.
 
 The matrices keep the ``nn.Linear`` layout ``[out, in]``; ``in`` must be a multiple of 64 for
-the packed formats, and ``out`` a multiple of 16 for int4 (every Qwen3-TTS matrix is).
+the packed formats, and ``out`` a multiple of 32 for int4 (every Qwen3-TTS matrix is).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from torch import Tensor
 
 FORMATS = ("fp32", "int8", "int4")
 INT4_GROUP = 32
-INT4_TILE = 16  # rows per int4 tile
-INT4_PAIR_BYTES = 576  # one tile's bytes per 64 inputs: 32 fp16 scales + 2 x 256 nibble bytes
+INT4_TILE = 32  # rows per int4 tile
+INT4_GROUP_BYTES = 576  # one tile's bytes per group of 32 inputs: 32 fp16 scales + 512 nibble bytes
 
 
 @dataclass
@@ -59,7 +59,7 @@ class QuantMatrix:
 
 def packed_width(cols: int, fmt: str) -> int:
     """Columns of ``QuantMatrix.data`` for a matrix of ``cols`` inputs in ``fmt``."""
-    return cols // 64 * INT4_PAIR_BYTES // INT4_TILE if fmt == "int4" else cols
+    return cols // INT4_GROUP * INT4_GROUP_BYTES // INT4_TILE if fmt == "int4" else cols
 
 
 def check_format(fmt: str) -> str:
@@ -98,23 +98,23 @@ def quantize(w: Tensor, fmt: str) -> QuantMatrix:
 def _pack_tiles(n: Tensor, d: Tensor) -> Tensor:
     """Nibble values ``[rows, groups, 32]`` (0..15) and fp16 scales ``[rows, groups]`` -> the tiles."""
     rows, groups, _ = n.shape
-    t, p = rows // INT4_TILE, groups // 2
-    # [tile, row r, pair, group k, line j, low/high, byte b] -> [tile, pair, k, j, r, b, low/high]
-    v = n.reshape(t, INT4_TILE, p, 2, 4, 2, 4).permute(0, 2, 3, 4, 1, 6, 5)
-    nibbles = (v[..., 0] | (v[..., 1] << 4)).reshape(t, p, 512)
-    scales = d.reshape(t, INT4_TILE, p, 2).permute(0, 2, 3, 1).contiguous().view(torch.uint8).reshape(t, p, 64)
+    t = rows // INT4_TILE
+    # [tile, low/high, row r, group, line j, byte b] -> [tile, group, j, r, b, low/high]
+    v = n.reshape(t, 2, INT4_TILE // 2, groups, 8, 4).permute(0, 3, 4, 2, 5, 1)
+    nibbles = (v[..., 0] | (v[..., 1] << 4)).reshape(t, groups, 512)
+    scales = d.reshape(t, INT4_TILE, groups).permute(0, 2, 1).contiguous().view(torch.uint8).reshape(t, groups, 64)
     return torch.cat([scales, nibbles], dim=2).reshape(rows, packed_width(groups * INT4_GROUP, "int4")).contiguous()
 
 
 def _unpack_tiles(data: Tensor, rows: int, cols: int) -> tuple[Tensor, Tensor]:
     """The inverse of ``_pack_tiles``: (nibble values ``[rows, groups, 32]``, fp16 scales ``[rows, groups]``)."""
-    t, p = rows // INT4_TILE, cols // 64
-    units = data.reshape(t, p, INT4_PAIR_BYTES)
-    d = units[:, :, :64].contiguous().view(torch.float16).reshape(t, p, 2, INT4_TILE).permute(0, 3, 1, 2)
-    b = units[:, :, 64:].reshape(t, p, 2, 4, INT4_TILE, 4)  # [tile, pair, k, j, r, b]
+    t, groups = rows // INT4_TILE, cols // INT4_GROUP
+    units = data.reshape(t, groups, INT4_GROUP_BYTES)
+    d = units[:, :, :64].contiguous().view(torch.float16).reshape(t, groups, INT4_TILE).permute(0, 2, 1)
+    b = units[:, :, 64:].reshape(t, groups, 8, INT4_TILE // 2, 4)  # [tile, group, j, r, b]
     v = torch.stack([b & 0x0F, b >> 4], dim=-1)  # [..., low/high]
-    n = v.permute(0, 4, 1, 2, 3, 6, 5).reshape(rows, cols // INT4_GROUP, INT4_GROUP)
-    return n, d.reshape(rows, cols // INT4_GROUP)
+    n = v.permute(0, 5, 3, 1, 2, 4).reshape(rows, groups, INT4_GROUP)
+    return n, d.reshape(rows, groups)
 
 
 def int4_scales(m: QuantMatrix) -> Tensor:

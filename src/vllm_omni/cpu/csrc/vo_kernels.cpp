@@ -4,7 +4,7 @@
 // inside a single OpenMP parallel region: matrix-vector products are split by output rows
 // across threads, the small per-token work (norms, activation quantisation, sampling) runs on
 // one thread between barriers. Weights are fp32, int8 (one fp32 scale per output row) or
-// int4 (groups of 32 along the input, one fp16 scale per group, packed in tiles of 16 rows
+// int4 (groups of 32 along the input, one fp16 scale per group, packed in tiles of 32 rows
 // with the scales inside the stream, see q4_tile). For int8/int4
 // the activation vector is quantised to int8 in blocks of 32 with one fp32 scale per block and
 // the products use integer dot instructions (AVX-512 VNNI, AVX2 maddubs, or plain C).
@@ -47,8 +47,8 @@ extern "C" {
 // A weight matrix in nn.Linear layout [rows, cols].
 //   fp32: w = float[rows*cols], s = NULL
 //   int8: w = int8[rows*cols],  s = float[rows]            (w_ij = s_i * q_ij)
-//   int4: w = uint8[rows*cols*9/16], s = NULL             (w = d_g * (nibble - 8); tiles of 16
-//         rows, scales inside, see q4_tile; rows a multiple of 16)
+//   int4: w = uint8[rows*cols*9/16], s = NULL             (w = d_g * (nibble - 8); tiles of 32
+//         rows, scales inside, see q4_tile; rows a multiple of 32)
 struct VoMat {
     const void* w;
     const void* s;
@@ -125,15 +125,15 @@ inline float half_to_float(uint16_t h) {
 // ---------------------------------------------------------------------------------------------
 // Quantised activation: int8 values in blocks of 32, one scale per block. dexp holds the block
 // scale once per group of 4 values (one int32 lane of an integer dot, for int8 rows). For int4
-// rows, gcorr holds -8 times the sum of each block (the offset of unsigned int4 nibbles, per
-// group).
+// rows, gcorr holds two words per block: -8 times the block's sum (the offset of unsigned int4
+// nibbles, per group), and 17 times that (where a dot of whole bytes starts, see q4_tile).
 
 struct Act {
     const float* f;      // fp32 values (fp32 path)
     int8_t* q;
     float* d;            // one scale per block of 32
     float* dexp;
-    int32_t* gcorr;      // one per block of 32
+    int32_t* gcorr;      // two per block of 32
 };
 
 // The scale of one block from its largest |x|: amax / 127, except that a block holding a NaN
@@ -166,7 +166,10 @@ void quantize_act(const float* x, int64_t n, Act& a, bool int4) {
         _mm256_storeu_si256((__m256i*)qb, q8);
         _mm256_storeu_ps(a.dexp + b * 8, _mm256_set1_ps(d));
         a.d[b] = d;
-        if (int4) a.gcorr[b] = -8 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        if (int4) {
+            a.gcorr[2 * b] = -8 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            a.gcorr[2 * b + 1] = 17 * a.gcorr[2 * b];
+        }
 #else
         float amax = 0.f;
         bool nan = false;
@@ -185,7 +188,8 @@ void quantize_act(const float* x, int64_t n, Act& a, bool int4) {
         if (int4) {
             int32_t sum = 0;
             for (int i = 0; i < 32; ++i) sum += qb[i];
-            a.gcorr[b] = -8 * sum;
+            a.gcorr[2 * b] = -8 * sum;
+            a.gcorr[2 * b + 1] = 17 * a.gcorr[2 * b];
         }
 #endif
     }
@@ -282,21 +286,22 @@ inline float dot_q8(const int8_t* w, const Act& a, int64_t n) {
 #endif
 }
 
-// int4 rows come in tiles of 16. For each pair of groups (64 inputs) a tile holds 576 bytes: the
-// 32 fp16 scales (group 2p of rows 0-15, then group 2p + 1 of rows 0-15), then 256 bytes for
-// each of the two groups: four 64-byte lines j, whose 4-byte lane r belongs to row r, byte b of
-// the lane holding input 8j + b of the group in its low nibble and input 8j + 4 + b in its high
-// nibble (vllm_omni.cpu.quant). One integer dot then takes 16 rows times 4 inputs against a
-// single broadcast word of activations, a group's 16 sums are scaled as one vector, and no
-// horizontal sums are needed. A tile is one run of bytes, scales included: on the development
-// host (Zen 4) a separate stream of scales, one line for every 8 of nibbles, cut one core's
-// reads while it computed by about a third, and software prefetches made it worse, so there
-// are none (docs/analysis/cpu-kernels.md).
-constexpr int Q4_TILE = 16;
-constexpr int64_t Q4_PAIR_BYTES = 576;
+// int4 rows come in tiles of 32. For each group (32 inputs) a tile holds 576 bytes: the 32 fp16
+// scales of rows 0-31, then eight 64-byte lines j whose 4-byte lane r (0-15) holds inputs
+// 4j .. 4j + 3 of the group, byte b input 4j + b, with row r's nibble in its low half and row
+// 16 + r's in its high half (vllm_omni.cpu.quant). Both nibbles of a byte meet the same input,
+// so a line needs one mask, not two: an integer dot of its low nibbles against the broadcast
+// word of inputs 4j .. 4j + 3 sums rows 0-15 times 4 inputs, and a dot of its whole bytes sums
+// those plus 16 times rows 16-31, which one subtraction and shift per group separate again. A
+// group's 16 sums per half are scaled as one vector and no horizontal sums are needed. A tile is
+// one run of bytes, scales included: on the development host (Zen 4) a separate stream of
+// scales, one line for every 8 of nibbles, cut one core's reads while it computed by about a
+// third, and software prefetches made it worse, so there are none (docs/analysis/cpu-kernels.md).
+constexpr int Q4_TILE = 32;
+constexpr int64_t Q4_GROUP_BYTES = 576;
 
 // Bytes of one int4 tile of a matrix with `cols` inputs, and the tile holding row r0 of m.
-inline int64_t q4_tile_bytes(int64_t cols) { return cols / 64 * Q4_PAIR_BYTES; }
+inline int64_t q4_tile_bytes(int64_t cols) { return cols / 32 * Q4_GROUP_BYTES; }
 inline const uint8_t* q4_tile_at(const VoMat& m, int64_t r0) {
     return (const uint8_t*)m.w + r0 / Q4_TILE * q4_tile_bytes(m.cols);
 }
@@ -309,17 +314,10 @@ inline int32_t act_word(const int8_t* p) {
 }
 
 #if defined(VO_AVX512VNNI)
-// acc + the scaled sums of group g for the 16 rows of a tile; x: the group's 256 bytes, sc: its
-// 16 scales. High nibbles stay in place (16 times their value) so that one mask extracts them;
-// their sums are shifted back once (exact: each is a multiple of 16).
-inline __m512 q4_group16(const uint8_t* x, const uint16_t* sc, const Act& a, int64_t g, __m512 acc) {
+// lo/hi + the scaled sums of group g for rows 0-15/16-31 of a tile; x: the group's 576 bytes.
+inline void q4_group32(const uint8_t* x, const Act& a, int64_t g, __m512& lo, __m512& hi) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), z = _mm512_setzero_si512();
     const int8_t* q = a.q + g * 32;
-    __m512i x0 = _mm512_loadu_si512(x), x1 = _mm512_loadu_si512(x + 64);
-    __m512i x2 = _mm512_loadu_si512(x + 128), x3 = _mm512_loadu_si512(x + 192);
-    // one load per line: without this the compiler folds each line into both its AND and its
-    // AND-NOT, loading it twice
-    asm("" : "+v"(x0), "+v"(x1), "+v"(x2), "+v"(x3));
     // acc + the dot of line bytes wb with activation word i, the word broadcast inside the
     // instruction: GCC emits a separate broadcast for _mm512_set1_epi32, one more vector
     // operation per line in a loop that the core's vector units already bound
@@ -328,85 +326,89 @@ inline __m512 q4_group16(const uint8_t* x, const uint16_t* sc, const Act& a, int
         asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(wb), "m"(*(const int32_t*)(q + 4 * i)));
         return acc;
     };
-    // two chains of four dots, low nibbles (starting from the group's offset) and high ones
-    __m512i lo = dot(_mm512_set1_epi32(a.gcorr[g]), _mm512_and_si512(x0, m4), 0);
-    __m512i hi = dot(z, _mm512_andnot_si512(m4, x0), 1);
-    lo = dot(lo, _mm512_and_si512(x1, m4), 2);
-    hi = dot(hi, _mm512_andnot_si512(m4, x1), 3);
-    lo = dot(lo, _mm512_and_si512(x2, m4), 4);
-    hi = dot(hi, _mm512_andnot_si512(m4, x2), 5);
-    lo = dot(lo, _mm512_and_si512(x3, m4), 6);
-    hi = dot(hi, _mm512_andnot_si512(m4, x3), 7);
-    const __m512i s = _mm512_add_epi32(lo, _mm512_srai_epi32(hi, 4));
-    const __m512 scl = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)sc)), _mm512_set1_ps(a.d[g]));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scl, acc);
+    // four chains of four dots: low nibbles and whole bytes, even and odd lines; the low sums
+    // start from the group's offset and the whole-byte sums from 17 times it, so that
+    // (whole - low) / 16 comes out offset once too
+    __m512i l0 = _mm512_set1_epi32(a.gcorr[2 * g]), w0 = _mm512_set1_epi32(a.gcorr[2 * g + 1]), l1 = z, w1 = z;
+    for (int j = 0; j < 8; j += 2) {
+        __m512i b0 = _mm512_loadu_si512(x + 64 + 64 * j), b1 = _mm512_loadu_si512(x + 128 + 64 * j);
+        // one load per line: without this the compiler folds each line into its AND and loads
+        // it again for the whole-byte dot
+        asm("" : "+v"(b0), "+v"(b1));
+        l0 = dot(l0, _mm512_and_si512(b0, m4), j);
+        w0 = dot(w0, b0, j);
+        l1 = dot(l1, _mm512_and_si512(b1, m4), j + 1);
+        w1 = dot(w1, b1, j + 1);
+    }
+    const __m512i sl = _mm512_add_epi32(l0, l1);
+    const __m512i sh = _mm512_srai_epi32(_mm512_sub_epi32(_mm512_add_epi32(w0, w1), sl), 4);  // exact
+    const __m512 d = _mm512_set1_ps(a.d[g]);
+    const __m512 cl = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)x)), d);
+    const __m512 ch = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(x + 32))), d);
+    lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl), cl, lo);
+    hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sh), ch, hi);
 }
 
-// out[0..16) = the 16 rows of the tile at w . a (cols inputs). Even groups sum into one
+// out[0..32) = the 32 rows of the tile at w . a (cols inputs). Even groups sum into one
 // accumulator and odd groups into another, in every build, so all builds agree bit for bit.
 inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
-    __m512 f0 = _mm512_setzero_ps(), f1 = _mm512_setzero_ps();
-    for (int64_t p = 0; p < cols / 64; ++p) {
-        const uint8_t* base = w + p * Q4_PAIR_BYTES;
-        const uint16_t* sc = (const uint16_t*)base;
-        f0 = q4_group16(base + 64, sc, a, 2 * p, f0);
-        f1 = q4_group16(base + 320, sc + 16, a, 2 * p + 1, f1);
+    __m512 lo0 = _mm512_setzero_ps(), lo1 = lo0, hi0 = lo0, hi1 = lo0;
+    for (int64_t g = 0; g < cols / 32; g += 2) {
+        q4_group32(w + g * Q4_GROUP_BYTES, a, g, lo0, hi0);
+        q4_group32(w + (g + 1) * Q4_GROUP_BYTES, a, g + 1, lo1, hi1);
     }
-    _mm512_storeu_ps(out, _mm512_add_ps(f0, f1));
+    _mm512_storeu_ps(out, _mm512_add_ps(lo0, lo1));
+    _mm512_storeu_ps(out + 16, _mm512_add_ps(hi0, hi1));
 }
 #elif defined(VO_AVX2)
-// The AVX2 form: each 64-byte line is two halves of 8 rows. maddubs pairs stay in int16 across
-// the 8 products of a lane: each pair is at most 2 * 15 * 127 = 3810 in magnitude, 8 of them
-// 30480 < 32767.
+// The AVX2 form: each 64-byte line is two halves of 8 lanes, and each half's low and high
+// nibbles are masked apart (maddubs saturates at int16, too narrow for whole bytes). maddubs
+// pairs stay in int16 across the 8 lines: each pair is at most 2 * 15 * 127 = 3810 in
+// magnitude, 8 of them 30480 < 32767.
 inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    __m256 f[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
-    for (int64_t p = 0; p < cols / 64; ++p) {
-        const uint8_t* base = w + p * Q4_PAIR_BYTES;
-        for (int k = 0; k < 2; ++k) {
-            const int64_t g = 2 * p + k;
-            const uint8_t* x = base + 64 + 256 * k;
-            const uint16_t* sc = (const uint16_t*)base + 16 * k;
-            const int8_t* q = a.q + g * 32;
-            const __m256 d = _mm256_set1_ps(a.d[g]);
-            for (int h = 0; h < 2; ++h) {
-                __m256i p16 = _mm256_setzero_si256();
-                for (int j = 0; j < 4; ++j) {
-                    const __m256i xv = _mm256_loadu_si256((const __m256i*)(x + 64 * j + 32 * h));
-                    p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(_mm256_and_si256(xv, m4),
-                                                                     _mm256_set1_epi32(act_word(q + 8 * j))));
-                    p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(xv, 4), m4),
-                                                                     _mm256_set1_epi32(act_word(q + 8 * j + 4))));
-                }
-                const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(p16, ones), _mm256_set1_epi32(a.gcorr[g]));
-                const __m256 scl = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sc + 8 * h))), d);
-                f[h][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scl, f[h][k]);
+    __m256 f[4][2];  // [rows 8i .. 8i + 7][group parity]
+    for (auto& fi : f) fi[0] = fi[1] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < cols / 32; ++g) {
+        const uint8_t* x = w + g * Q4_GROUP_BYTES;
+        const uint16_t* sc = (const uint16_t*)x;
+        const int8_t* q = a.q + g * 32;
+        const __m256 d = _mm256_set1_ps(a.d[g]);
+        const __m256i off = _mm256_set1_epi32(a.gcorr[2 * g]);
+        for (int h = 0; h < 2; ++h) {
+            __m256i pl = _mm256_setzero_si256(), ph = _mm256_setzero_si256();
+            for (int j = 0; j < 8; ++j) {
+                const __m256i xv = _mm256_loadu_si256((const __m256i*)(x + 64 + 64 * j + 32 * h));
+                const __m256i aw = _mm256_set1_epi32(act_word(q + 4 * j));
+                pl = _mm256_add_epi16(pl, _mm256_maddubs_epi16(_mm256_and_si256(xv, m4), aw));
+                ph = _mm256_add_epi16(ph, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(xv, 4), m4), aw));
+            }
+            const __m256i sums[2] = {_mm256_add_epi32(_mm256_madd_epi16(pl, ones), off),
+                                     _mm256_add_epi32(_mm256_madd_epi16(ph, ones), off)};
+            for (int k = 0; k < 2; ++k) {
+                const __m256 scl = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sc + 16 * k + 8 * h))), d);
+                __m256& acc = f[2 * k + h][g & 1];
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[k]), scl, acc);
             }
         }
     }
-    _mm256_storeu_ps(out, _mm256_add_ps(f[0][0], f[0][1]));
-    _mm256_storeu_ps(out + 8, _mm256_add_ps(f[1][0], f[1][1]));
+    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_add_ps(f[i][0], f[i][1]));
 }
 #else
 inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
     for (int r = 0; r < Q4_TILE; ++r) {
+        const int lane = r % 16, shift = r < 16 ? 0 : 4;
         float acc[2] = {0.f, 0.f};
-        for (int64_t p = 0; p < cols / 64; ++p) {
-            const uint8_t* base = w + p * Q4_PAIR_BYTES;
-            for (int k = 0; k < 2; ++k) {
-                const int64_t g = 2 * p + k;
-                const uint8_t* x = base + 64 + 256 * k + 4 * r;
-                uint16_t sc;
-                std::memcpy(&sc, base + 2 * (16 * k + r), 2);
-                const int8_t* q = a.q + g * 32;
-                int32_t t = a.gcorr[g];
-                for (int j = 0; j < 4; ++j)
-                    for (int b = 0; b < 4; ++b) {
-                        const uint8_t byte = x[64 * j + b];
-                        t += (int32_t)(byte & 0x0f) * q[8 * j + b] + (int32_t)(byte >> 4) * q[8 * j + 4 + b];
-                    }
-                acc[k] = std::fma((float)t, half_to_float(sc) * a.d[g], acc[k]);
-            }
+        for (int64_t g = 0; g < cols / 32; ++g) {
+            const uint8_t* x = w + g * Q4_GROUP_BYTES;
+            uint16_t sc;
+            std::memcpy(&sc, x + 2 * r, 2);
+            const int8_t* q = a.q + g * 32;
+            int32_t t = a.gcorr[2 * g];
+            for (int j = 0; j < 8; ++j)
+                for (int b = 0; b < 4; ++b)
+                    t += (int32_t)((x[64 + 64 * j + 4 * lane + b] >> shift) & 0x0f) * q[4 * j + b];
+            acc[g & 1] = std::fma((float)t, half_to_float(sc) * a.d[g], acc[g & 1]);
         }
         out[r] = acc[0] + acc[1];
     }
@@ -420,7 +422,7 @@ inline float row_dot(int fmt, const VoMat& m, int64_t r, const Act& a) {
     return dot_q8((const int8_t*)m.w + r * n, a, n) * ((const float*)m.s)[r];
 }
 
-// Rows walked per step of a GEMV: int4 a tile of 16, the other formats one.
+// Rows walked per step of a GEMV: int4 a tile of 32, the other formats one.
 constexpr int ROW_TILE = Q4_TILE;
 
 // out[i] = row r0 + i of m . a, for i < nr <= ROW_TILE (int4: r0 is a tile's first row). A row's
@@ -481,7 +483,7 @@ int64_t layout(const VoStack& st, int64_t extra_len, Work* w) {
         W.act[t].q = (int8_t*)take(maxin);
         W.act[t].d = (float*)take(sizeof(float) * maxin / 32);
         W.act[t].dexp = (float*)take(sizeof(float) * maxin / 4);
-        W.act[t].gcorr = (int32_t*)take(sizeof(int32_t) * maxin / 32);
+        W.act[t].gcorr = (int32_t*)take(sizeof(int32_t) * maxin / 16);
     }
     W.extra = (float*)take(sizeof(float) * std::max<int64_t>(extra_len, 1));
     W.extra_len = extra_len;
@@ -554,7 +556,7 @@ inline void for_tiles(int64_t rows, int streams, F&& f) {
 #pragma omp barrier
 }
 
-// f(r0, nr) over the rows of a GEMV in `fmt`: int4 by tiles of 16 rows, the rest by row.
+// f(r0, nr) over the rows of a GEMV in `fmt`: int4 by tiles of 32 rows, the rest by row.
 template <class F>
 inline void for_gemv_rows(int fmt, int64_t rows, F&& f) {
     if (fmt == FMT_I4)
@@ -716,7 +718,7 @@ int64_t sample(const float* logits, int64_t n, int greedy, float temperature, in
     return best < 0 ? 0 : best;
 }
 
-// Whether a matrix of `rows` rows can be packed in `fmt` (int4 comes in tiles of 16 rows).
+// Whether a matrix of `rows` rows can be packed in `fmt` (int4 comes in tiles of 32 rows).
 inline bool rows_ok(int fmt, int64_t rows) { return rows >= 1 && (fmt != FMT_I4 || rows % Q4_TILE == 0); }
 
 bool stack_ok(const VoStack& st) {
@@ -798,7 +800,7 @@ struct ActBuffers {
             q.resize((size_t)(M * K));
             d.resize((size_t)(M * K / 32));
             dexp.resize((size_t)(M * K / 4));
-            gcorr.resize((size_t)(M * K / 32));
+            gcorr.resize((size_t)(M * K / 16));
         }
         for (int64_t t = 0; t < M; ++t) {
             act[t].f = x + t * K;
@@ -806,7 +808,7 @@ struct ActBuffers {
             act[t].q = q.data() + t * K;
             act[t].d = d.data() + t * K / 32;
             act[t].dexp = dexp.data() + t * K / 4;
-            act[t].gcorr = gcorr.data() + t * K / 32;
+            act[t].gcorr = gcorr.data() + t * K / 16;
             quantize_act(x + t * K, K, act[t], fmt == FMT_I4);
         }
     }
@@ -825,7 +827,7 @@ extern "C" {
 // A plain linear layer: y[t, r] = x[t] . m[r] for t < M, r < m.rows (no norm, no bias), with the
 // same row dots as the stacks (int8/int4 activations quantised per row in blocks of 32). Each
 // weight row is read once for all M rows of x. m.cols must be a multiple of 64 (int4: m.rows a
-// multiple of 16). threads <= 0 uses OpenMP's default. Returns 0, or -1 for a bad shape/format.
+// multiple of 32). threads <= 0 uses OpenMP's default. Returns 0, or -1 for a bad shape/format.
 int32_t vo_linear(int32_t fmt, const VoMat* mp, const float* x, int32_t M, float* y, int32_t threads) {
     const VoMat& m = *mp;
     const int64_t K = m.cols, N = m.rows;
