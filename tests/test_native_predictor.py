@@ -294,6 +294,37 @@ def test_fused_talker_step_matches_reference(fmt, talker_weights):
     torch.testing.assert_close(again, first, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("variant", ["native", "generic"])
+def test_fused_talker_fp16_kv_cache_stays_close_to_fp32(variant, talker_weights):
+    """fp16 cache rows (F16C, or the plain-C rounding) change fp32-weight logits by rounding only."""
+    from vllm_omni.cpu.fused_talker import FusedTalker
+
+    caches = {kv: FusedTalker(talker_weights, "fp32", threads=1, max_positions=32, variant=variant, kv_cache=kv)
+              for kv in ("fp32", "fp16")}
+    assert caches["fp16"].native.k_cache[0].dtype == torch.float16
+    g = torch.Generator().manual_seed(12)
+    for _ in range(6):
+        x = torch.randn(1024, generator=g) * 0.5
+        (l32, h32), (l16, h16) = (t.step(x) for t in caches.values())
+        for got, want in ((l16, l32), (h16, h32)):
+            mx, _ = _rel_errors(got, want)
+            assert 0 < mx < 2e-3, mx
+    # the first layer's rows at the first position see no earlier rounding: exactly the fp32 rows
+    # rounded to nearest fp16
+    for which in ("k_cache", "v_cache"):
+        c32, c16 = (getattr(t.native, which)[0][:, 0] for t in caches.values())  # fp32 first
+        assert torch.equal(c16, c32.half())
+
+
+def test_fused_talker_kv_cache_defaults_and_bad_value(talker_weights):
+    from vllm_omni.cpu.fused_talker import FusedTalker
+
+    assert FusedTalker(talker_weights, "fp32", threads=1, max_positions=8).kv_cache == "fp32"
+    assert FusedTalker(talker_weights, "int4", threads=1, max_positions=8).kv_cache == "fp16"
+    with pytest.raises(ValueError, match="kv_cache"):
+        FusedTalker(talker_weights, "int4", threads=1, max_positions=8, kv_cache="bf16")
+
+
 def test_fused_talker_prefill_and_bounds(talker_weights):
     from vllm_omni.cpu.fused_talker import FusedTalker
 

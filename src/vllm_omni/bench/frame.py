@@ -7,10 +7,12 @@ import argparse
 
 from vllm_omni.bench.common import add_common, resolve_threads, set_threads, write_measured
 from vllm_omni.bench.talker import (
+    add_kv_cache_arg,
     add_model_args,
     build_predictor,
     build_talker,
     id_suffix,
+    kv_cache_of,
     ratio,
     talker_bytes,
     talker_layers,
@@ -23,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("frame", help="time whole frames: talker, sampler, predictor, bookkeeping; RTF")
     add_common(p)
     add_model_args(p)
+    add_kv_cache_arg(p)
     p.add_argument("--cache", type=int, default=None, help="talker KV length before the first frame (default 256; --quick 8)")
     p.add_argument("--frames", type=int, default=None, help="timed frames (default 20; --quick 2)")
     p.add_argument("--sampler", choices=("eager", "fast"), default=None,
@@ -105,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             "talker_layers": layers,
             "talker_kv_first": cache + 2,
             "talker_kv_last": cache + 1 + len(result.stats),
+            "talker_kv_cache": kv_cache_of(talker),
             "sampler": kind,
             "greedy_residuals": args.greedy_residuals,
             "read_bandwidth_gbps": {k: round(v, 2) for k, v in bw.items()},
@@ -116,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
                f"KV cache starts at {cache} positions and grows by one per frame; the text term is a fixed "
                "random vector per frame. Floors count weights only: the talker's at the best streaming read "
                "bandwidth (1 GiB probes), the predictor's at the best of that and re-reading a buffer the size of "
-               "one pass (the cache keeps part of it between the 15 passes); run.read_bandwidth_gbps has each probe."
+               "one pass (the cache keeps part of it between the 15 passes); run.read_bandwidth_gbps has each probe. "
+               "run.talker_kv_cache is the fused talker's KV cache precision (null: the eager reference's)."
                + (" Quick mode: shallow talker, two frames, for doctests only, not a figure." if args.quick else "")),
     )
     return 0

@@ -22,6 +22,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help=f"talker layers to build (default: all 28; --quick: {QUICK_LAYERS})")
 
 
+def add_kv_cache_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kv-cache", choices=("fp32", "fp16"), default=None,
+                   help="fused talker's KV cache precision (default: fp32 for fp32 weights, fp16 otherwise)")
+
+
+def kv_cache_of(talker: Any) -> str | None:
+    """The fused talker's KV cache precision; None for the eager reference (its activation dtype)."""
+    return getattr(talker, "kv_cache", None)
+
+
 def talker_layers(args: argparse.Namespace) -> int:
     spec = get_model(args.model)
     n = args.layers or (QUICK_LAYERS if args.quick else spec.talker.layers)
@@ -39,9 +49,11 @@ def build_talker(args: argparse.Namespace, threads: int) -> tuple[Any, Any]:
         from vllm_omni.cpu.fused_talker import FusedTalker
 
         try:
-            return FusedTalker(w, fmt=args.weights, threads=threads), w
+            return FusedTalker(w, fmt=args.weights, threads=threads, kv_cache=getattr(args, "kv_cache", None)), w
         except (ValueError, NotImplementedError, RuntimeError, OSError) as exc:
             raise BenchError(f"FusedTalker cannot run --weights {args.weights}: {exc}") from None
+    if getattr(args, "kv_cache", None):
+        raise BenchError("--kv-cache applies to --impl fused only")
     from vllm_omni.cpu.reference import ReferenceTalker
 
     return ReferenceTalker(w, fmt=args.weights), w
@@ -66,7 +78,8 @@ def build_predictor(args: argparse.Namespace, threads: int) -> Any:
 def id_suffix(args: argparse.Namespace) -> str:
     """Artifact-id tail: the model when it is not 0.6B, and ``-quick`` for quick runs."""
     model = "" if args.model == "0.6B" else f"-{args.model.lower()}"
-    return model + ("-quick" if args.quick else "")
+    kv = f"-kv{args.kv_cache}" if getattr(args, "kv_cache", None) else ""
+    return model + kv + ("-quick" if args.quick else "")
 
 
 def talker_bytes(model: str, fmt: str, layers: int) -> int:
@@ -93,6 +106,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("talker", help="time one talker step (28 layers + codec head) at a KV length")
     add_common(p)
     add_model_args(p)
+    add_kv_cache_arg(p)
     p.add_argument("--cache", type=int, default=None, help="KV length before the timed steps (default 256; --quick 16)")
     p.add_argument("--repeats", type=int, default=None, help="timed steps (default 20; --quick 3)")
     p.set_defaults(func=run)
@@ -136,9 +150,11 @@ def run(args: argparse.Namespace) -> int:
         threads=threads,
         source=f"vllm-omni-bench talker ({args.impl})",
         compare={"tolerance": 0.15, "key_columns": ["layers"], "columns": ["median", "measured / floor"]},
-        run={"read_bandwidth_gbps": gbps, "torch_threads": torch.get_num_threads()},
+        run={"read_bandwidth_gbps": gbps, "torch_threads": torch.get_num_threads(), "kv_cache": kv_cache_of(talker)},
         notes=("Random weights of the published shapes: speed does not depend on weight values. "
-               "Each timed step appends to the KV cache, so the KV length grows by one per step."
+               "Each timed step appends to the KV cache, so the KV length grows by one per step; run.kv_cache is "
+               "the fused talker's cache precision (null: the eager reference's, its activation dtype). The floor "
+               "counts weights only, not the cache."
                + (" Quick mode: shallow stack and few repeats, for doctests only, not a figure." if args.quick else "")),
     )
     return 0

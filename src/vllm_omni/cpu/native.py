@@ -148,7 +148,7 @@ class VoStack(ctypes.Structure):
         ("fmt", ctypes.c_int32), ("n_layers", ctypes.c_int32), ("hidden", ctypes.c_int32),
         ("inter", ctypes.c_int32), ("heads", ctypes.c_int32), ("kv_heads", ctypes.c_int32),
         ("head_dim", ctypes.c_int32), ("max_pos", ctypes.c_int32), ("threads", ctypes.c_int32),
-        ("eps", ctypes.c_float),
+        ("eps", ctypes.c_float), ("kv_f16", ctypes.c_int32),
         ("layers", ctypes.POINTER(VoLayer)), ("final_norm", ctypes.c_void_p),
         ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p),
         ("ws", ctypes.c_void_p), ("ws_bytes", ctypes.c_int64),

@@ -38,12 +38,18 @@ def _ptr(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+KV_CACHE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+
+
 class NativeStack:
-    """A decoder stack packed for the native kernels, with its KV cache and workspace."""
+    """A decoder stack packed for the native kernels, with its KV cache (fp32 or fp16) and workspace."""
 
     def __init__(self, layers: list[BlockWeights], norm: Tensor, stack: StackSpec, fmt: str, threads: int | None,
-                 max_positions: int, extra_len: int = 0, variant: str = "native"):
+                 max_positions: int, extra_len: int = 0, variant: str = "native", kv_cache: str = "fp32"):
+        if kv_cache not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache!r}")
         self.fmt, self.stack, self.max_positions = check_format(fmt), stack, max_positions
+        self.kv_cache = kv_cache
         self.lib = native.load(variant)
         self.threads = default_threads() if threads is None else int(threads)
         if self.threads < 1:
@@ -66,7 +72,7 @@ class NativeStack:
         self.norm = packed.pop()
         for i in range(len(layers)):
             qkv, o, gu, down, *norms = packed[8 * i: 8 * i + 8]
-            kc = torch.zeros(s.kv_heads, max_positions, s.head_dim)
+            kc = torch.zeros(s.kv_heads, max_positions, s.head_dim, dtype=KV_CACHE_DTYPES[kv_cache])
             vc = torch.zeros_like(kc)
             self.k_cache.append(kc)
             self.v_cache.append(vc)
@@ -82,7 +88,7 @@ class NativeStack:
         self.rope_sin = sin[:, : s.head_dim // 2].contiguous()
         self.c = native.VoStack(
             native.FMT_CODES[fmt], len(layers), s.hidden, s.intermediate, s.heads, s.kv_heads, s.head_dim,
-            max_positions, self.threads, s.rms_eps, self.c_layers, self.norm.data_ptr(),
+            max_positions, self.threads, s.rms_eps, int(kv_cache == "fp16"), self.c_layers, self.norm.data_ptr(),
             self.rope_cos.data_ptr(), self.rope_sin.data_ptr(), None, 0,
         )
         nbytes = self.lib.vo_workspace_bytes(ctypes.byref(self.c), int(extra_len))

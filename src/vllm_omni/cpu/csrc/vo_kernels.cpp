@@ -65,8 +65,8 @@ struct VoLayer {
     VoMat o;        // [H, q_dim]
     VoMat gate_up;  // [2*I, H]: gate rows, then up rows
     VoMat down;     // [H, I]
-    float* k_cache; // [kv_heads, max_pos, head_dim]
-    float* v_cache;
+    void* k_cache;  // [kv_heads, max_pos, head_dim], fp32, or fp16 where VoStack.kv_f16 is set
+    void* v_cache;
 };
 
 struct VoStack {
@@ -80,6 +80,7 @@ struct VoStack {
     int32_t max_pos;
     int32_t threads;
     float eps;
+    int32_t kv_f16;         // 1: the layers' KV caches hold fp16 (half the bytes the attention reads)
     const VoLayer* layers;
     const float* final_norm;
     const float* rope_cos;  // [max_pos, head_dim/2]
@@ -120,6 +121,65 @@ inline float half_to_float(uint16_t h) {
     std::memcpy(&out, &bits, 4);
     return out;
 #endif
+}
+
+// fp32 -> fp16, rounding to nearest even (the F16C conversion, and its plain-C equivalent).
+inline uint16_t float_to_half(float f) {
+#if defined(VO_AVX2) || defined(__F16C__)
+    return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));  // inf, NaN
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);  // 65520 and up round to inf
+    if (ax < 0x38800000u) {  // below the smallest normal half: a multiple of 2^-24
+        float a;
+        std::memcpy(&a, &ax, 4);
+        return (uint16_t)(sign | (uint32_t)std::nearbyint(a * 16777216.f));
+    }
+    const uint32_t mant = ax & 0x7fffff;
+    uint32_t h = ((((ax >> 23) - 112) << 10) | (mant >> 13));
+    const uint32_t rem = mant & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;  // a carry into the exponent is right too
+    return (uint16_t)(sign | h);
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// KV cache rows, fp32 or fp16. In fp16 the attention reads half the bytes: the talker reads
+// its whole cache every step, about 60 MB beside 250 MB of int4 weights at 256 positions.
+
+inline void kv_store(void* cache, int64_t off, const float* v, int hd, bool f16) {
+    if (!f16) {
+        std::memcpy((float*)cache + off, v, sizeof(float) * hd);
+        return;
+    }
+    uint16_t* h = (uint16_t*)cache + off;
+    int i = 0;
+#if defined(VO_AVX2)
+    for (; i + 8 <= hd; i += 8)
+        _mm_storeu_si128((__m128i*)(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(v + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < hd; ++i) h[i] = float_to_half(v[i]);
+}
+
+// o += p * row off of the cache
+inline void kv_axpy(float* o, float p, const void* cache, int64_t off, int hd, bool f16) {
+    if (!f16) {
+        const float* vr = (const float*)cache + off;
+        for (int64_t d = 0; d < hd; ++d) o[d] += p * vr[d];
+        return;
+    }
+    const uint16_t* h = (const uint16_t*)cache + off;
+    int d = 0;
+#if defined(VO_AVX2)
+    const __m256 pv = _mm256_set1_ps(p);
+    for (; d + 8 <= hd; d += 8)
+        _mm256_storeu_ps(o + d, _mm256_fmadd_ps(pv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + d))),
+                                                _mm256_loadu_ps(o + d)));
+#endif
+    for (; d < hd; ++d) o[d] = std::fma(p, half_to_float(h[d]), o[d]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -236,6 +296,24 @@ inline float dot_f32(const float* w, const float* a, int64_t n) {
 }
 
 
+
+// q . row off of a KV cache (see kv_store)
+inline float kv_dot(const float* q, const void* cache, int64_t off, int hd, bool f16) {
+    if (!f16) return dot_f32(q, (const float*)cache + off, hd);
+    const uint16_t* h = (const uint16_t*)cache + off;
+    int i = 0;
+    float t = 0.f;
+#if defined(VO_AVX2)
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    for (; i + 16 <= hd; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i))), _mm256_loadu_ps(q + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i + 8))), _mm256_loadu_ps(q + i + 8), s1);
+    }
+    t = hsum256(_mm256_add_ps(s0, s1));
+#endif
+    for (; i < hd; ++i) t = std::fma(half_to_float(h[i]), q[i], t);
+    return t;
+}
 // int8 row (without its row scale) . quantised activation. n is a multiple of 64.
 inline float dot_q8(const int8_t* w, const Act& a, int64_t n) {
 #if defined(VO_AVX512VNNI)
@@ -608,6 +686,7 @@ void layer_forward(const VoStack& st, const VoLayer& L, Work& W, int T, int pos0
     const int h2 = (int)hd / 2;
     const int rep = st.heads / st.kv_heads;
     const int64_t mp = st.max_pos;
+    const bool f16 = st.kv_f16 != 0;
 
 #pragma omp single
     {
@@ -627,11 +706,10 @@ void layer_forward(const VoStack& st, const VoLayer& L, Work& W, int T, int pos0
             float* k = W.qkv + t * W.qkv_stride + qd + kh * hd;
             const float* v = W.qkv + t * W.qkv_stride + qd + kvd + kh * hd;
             head_norm_rope(k, L.k_norm, st.rope_cos + (int64_t)pos * h2, st.rope_sin + (int64_t)pos * h2, (int)hd, st.eps);
-            std::memcpy(L.k_cache + (kh * mp + pos) * hd, k, sizeof(float) * hd);
-            std::memcpy(L.v_cache + (kh * mp + pos) * hd, v, sizeof(float) * hd);
+            kv_store(L.k_cache, (kh * mp + pos) * hd, k, (int)hd, f16);
+            kv_store(L.v_cache, (kh * mp + pos) * hd, v, (int)hd, f16);
         }
-        const float* kc = L.k_cache + kh * mp * hd;
-        const float* vc = L.v_cache + kh * mp * hd;
+        const int64_t kv0 = kh * mp * hd;  // this KV head's rows
         for (int64_t h = kh * rep; h < (kh + 1) * rep; ++h) {
             float* sc = W.scores + h * mp;
             for (int t = 0; t < T; ++t) {
@@ -641,7 +719,7 @@ void layer_forward(const VoStack& st, const VoLayer& L, Work& W, int T, int pos0
                 const int n = pos + 1;
                 float mx = -std::numeric_limits<float>::infinity();
                 for (int j = 0; j < n; ++j) {
-                    sc[j] = dot_f32(q, kc + (int64_t)j * hd, hd) * scale;
+                    sc[j] = kv_dot(q, L.k_cache, kv0 + (int64_t)j * hd, (int)hd, f16) * scale;
                     mx = std::max(mx, sc[j]);
                 }
                 float sum = 0.f;
@@ -652,11 +730,7 @@ void layer_forward(const VoStack& st, const VoLayer& L, Work& W, int T, int pos0
                 const float inv = 1.f / sum;
                 float* o = W.xn + t * W.xn_stride + h * hd;
                 for (int64_t d = 0; d < hd; ++d) o[d] = 0.f;
-                for (int j = 0; j < n; ++j) {
-                    const float p = sc[j] * inv;
-                    const float* vr = vc + (int64_t)j * hd;
-                    for (int64_t d = 0; d < hd; ++d) o[d] += p * vr[d];
-                }
+                for (int j = 0; j < n; ++j) kv_axpy(o, sc[j] * inv, L.v_cache, kv0 + (int64_t)j * hd, (int)hd, f16);
             }
         }
     }
@@ -735,7 +809,7 @@ int run_threads(const VoStack& st) { return st.threads > 0 ? st.threads : omp_ge
 
 extern "C" {
 
-int32_t vo_version() { return 8; }
+int32_t vo_version() { return 9; }
 
 // The counter-based uniforms of key at indices index0 .. index0 + n - 1 (for tests).
 void vo_counter_uniforms(uint64_t key, uint64_t index0, int64_t n, float* out) {
