@@ -295,8 +295,6 @@ inline float dot_f32(const float* w, const float* a, int64_t n) {
 #endif
 }
 
-
-
 // q . row off of a KV cache (see kv_store)
 inline float kv_dot(const float* q, const void* cache, int64_t off, int hd, bool f16) {
     if (!f16) return dot_f32(q, (const float*)cache + off, hd);
@@ -314,6 +312,8 @@ inline float kv_dot(const float* q, const void* cache, int64_t off, int hd, bool
     for (; i < hd; ++i) t = std::fma(half_to_float(h[i]), q[i], t);
     return t;
 }
+
+
 // int8 row (without its row scale) . quantised activation. n is a multiple of 64.
 inline float dot_q8(const int8_t* w, const Act& a, int64_t n) {
 #if defined(VO_AVX512VNNI)
