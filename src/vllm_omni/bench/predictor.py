@@ -28,8 +28,9 @@ PASS_POSITION = 8
 # Untimed passes before each round's timed ones. The probes and the other implementation run
 # just before and push the weights out of the caches; the floor is the working-set probe's best
 # sweep, taken once the cache has settled, and on the development host the pass takes about ten
-# passes to settle there too (1.8 to 1.4 times the floor at 1 thread). In the frame loop the
-# talker step comes between frames; `vllm-omni-bench frame` times the passes that way.
+# passes to settle there too (from about 2 to about 1.5 times the floor at 1 thread). In the
+# frame loop the talker step comes between frames; `vllm-omni-bench frame` times the passes
+# that way.
 PASS_WARMUP = 10
 
 
@@ -213,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
                  "columns": ["pass median", "frame median", "pass / floor", "frame pass / floor"]},
         run={"bytes_per_pass": nbytes, "read_bandwidth_gbps": bandwidth,
              "native_isa": isa(args.variant) if "fused" in impls else None, "variant": args.variant,
-             "rounds": rounds, "pass_warmup_per_round": pass_warmup, "pass_repeats_per_round": pass_reps, "frame_repeats_per_round": frame_reps,
+             "rounds": rounds, "pass_warmup_per_round": pass_warmup, "pass_repeats_per_round": pass_reps,
+             "frame_repeats_per_round": frame_reps,
              "pass_kv_position": PASS_POSITION, "reference_over_fused_pass": ref_vs_fused},
         notes=("Random weights of the published shapes: speed does not depend on weight values. "
                "Floor = weight bytes per pass in the format (5 blocks + final norm + one lm_head) / 'read bandwidth', "
