@@ -34,9 +34,8 @@ class FusedTalker:
         self.spec, self.fmt = weights.spec, check_format(fmt)
         st = weights.spec.talker
         self.hidden = st.hidden
-        self.kv_cache = kv_cache or default_kv_cache(fmt)
         self.native = NativeStack(weights.layers, weights.norm, st, fmt, threads, max_positions, variant=variant,
-                                  kv_cache=self.kv_cache)
+                                  kv_cache=kv_cache or default_kv_cache(fmt))
         self.lib = self.native.lib
         self._head_arena, (self.head,), huge = into_huge_arena([quantize(weights.codec_head, fmt)])
         self.native.huge_page_bytes += huge
@@ -46,6 +45,11 @@ class FusedTalker:
         self.position = 0
         self._logits = torch.empty(self.head.rows)
         self._hidden = torch.empty(st.hidden)
+
+    @property
+    def kv_cache(self) -> str:
+        """The KV cache precision, "fp32" or "fp16"."""
+        return self.native.kv_cache
 
     @property
     def threads(self) -> int:
