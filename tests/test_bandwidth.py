@@ -24,9 +24,21 @@ def test_working_set_probe_takes_part_in_best():
     from vllm_omni.cpu.bandwidth import read_bandwidth_probes, working_set_read_bandwidth
 
     probes = read_bandwidth_probes(1, quick=True, working_set=8 << 20)
-    assert set(probes) == {"native", "torch", "working_set", "best"}
+    assert set(probes) == {"native", "torch", "working_set", "working_set_median", "best"}
     assert probes["best"] == max(probes["native"], probes["torch"], probes["working_set"])
+    # the median sweep is reported beside the best one, never in its place
+    assert 0 < probes["working_set_median"] <= probes["working_set"]
     assert working_set_read_bandwidth(1, 1000, quick=True) > 0  # rounds up to one 2 MiB page
+
+
+def test_working_set_sweeps_are_each_sweep_of_the_probe():
+    from vllm_omni.cpu.bandwidth import working_set_read_sweeps
+
+    sweeps = working_set_read_sweeps(1, 4 << 20, quick=True)
+    assert set(sweeps) == {1, 2}
+    for gbs in sweeps.values():
+        assert len(gbs) == 64  # the quick mode's sweeps over a 4 MiB buffer, none left unfilled
+        assert all(v > 0 for v in gbs)
 
 
 def test_bench_bandwidth_writes_a_valid_artifact(tmp_path):

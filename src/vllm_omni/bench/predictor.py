@@ -13,7 +13,11 @@ by the read-bandwidth probes at that thread count.
   among them one that re-reads a buffer the size of the pass, as the passes re-read their
   weights) run before every round, and each round's pass median over that round's floor is
   reported too. Each round times its passes after ``PASS_WARMUP`` untimed ones, so that they
-  start from the cache state the floor's probe measures.
+  start from the cache state the floor's probe measures;
+- reads alone: the floor takes the probe's best sweep, a pass is reported by its median, and
+  on a shared host a working set near the size of the L3 reads at very different speeds from
+  sweep to sweep. The working-set probe's median sweep says what a pass that only read its
+  bytes would score against the floor, and the pass is also put over that.
 """
 
 from __future__ import annotations
@@ -162,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
         best = max(p["best"] for p in probes)
         stream = max(max(p["native"], p["torch"]) for p in probes)
         working_set = max(p["working_set"] for p in probes)
+        # a pass that only read its bytes, at the working-set probe's median sweep (median over rounds)
+        ws_median = median([p["working_set_median"] for p in probes])
         bandwidth[str(t)] = {k: [round(p[k], 2) for p in probes] for k in probes[0]} | {"run_best": round(best, 2)}
         floor_ms = nbytes / (best * 1e9) * 1e3
         for impl in impls:
@@ -172,11 +178,13 @@ def run(args: argparse.Namespace) -> int:
                 impl, args.weights, t, round(p_med, 3), round(p_min, 3), round(f_med, 2), round(f_med / passes, 3),
                 round(best, 2), round(floor_ms, 3), round(p_med / floor_ms, 3), round(f_med / passes / floor_ms, 3),
                 round(per_round, 3), round(stream, 2), round(working_set, 2), round(over_stream, 3),
+                round(ws_median, 2), round(best / ws_median, 3), round(p_med / (nbytes / (ws_median * 1e9) * 1e3), 3),
             ])
             print(f"{impl:9s} {args.weights} t={t}: pass {p_med:.2f} ms (min {p_min:.2f}), frame {f_med:.1f} ms "
                   f"({f_med / passes:.2f}/pass), floor {floor_ms:.2f} ms/pass at {best:.1f} GB/s, "
                   f"pass/floor {p_med / floor_ms:.2f} (paired by round {per_round:.2f}; over the "
-                  f"{stream:.1f} GB/s streaming floor {over_stream:.2f})")
+                  f"{stream:.1f} GB/s streaming floor {over_stream:.2f}; reads alone at the working-set "
+                  f"probe's median {ws_median:.1f} GB/s would score {best / ws_median:.2f})")
     ref_vs_fused = None
     if len(impls) == 2:
         ref_vs_fused = {str(t): round(rows[2 * i][3] / rows[2 * i + 1][3], 2) for i, t in enumerate(counts)}
@@ -203,6 +211,9 @@ def run(args: argparse.Namespace) -> int:
             {"name": "stream bandwidth", "unit": "GB/s", "type": "number", "format": ".1f"},
             {"name": "working-set bandwidth", "unit": "GB/s", "type": "number", "format": ".1f"},
             {"name": "pass / stream floor", "unit": None, "type": "number", "format": ".2f"},
+            {"name": "working-set median", "unit": "GB/s", "type": "number", "format": ".1f"},
+            {"name": "reads alone / floor", "unit": None, "type": "number", "format": ".2f"},
+            {"name": "pass / reads alone", "unit": None, "type": "number", "format": ".2f"},
         ],
         rows=rows,
         model=spec.name,
@@ -224,7 +235,11 @@ def run(args: argparse.Namespace) -> int:
                "native probe re-reading a buffer the size of the pass (part of it stays in the L3 cache from sweep "
                "to sweep), all probed before every round (each round's figures in provenance.run). 'pass / round "
                "floor' is the median over rounds of each round's pass median over the floor from the probes just "
-               "before it; 'pass / stream floor' puts the pass median over the streaming floor alone. Passes are "
+               "before it; 'pass / stream floor' puts the pass median over the streaming floor alone. 'working-set "
+               "median' is the working-set probe's median sweep (the better of its 1 and 2 streams per thread; "
+               "median over rounds), and 'reads alone / floor' the floor's bandwidth over it: what a pass that did "
+               "nothing but read its bytes, as fast as that median sweep, would score against the floor; 'pass / "
+               "reads alone' is the pass median over the time of such a read. Passes are "
                "timed after untimed ones (provenance.run.pass_warmup_per_round) that bring the weights back into "
                "the caches after the probes and the other implementation, the state the floor's probe is in. "
                "Eager reference int8 = torch quantize_dynamic, int4 = torch _weight_int4pack_mm_for_cpu (bf16 "

@@ -809,7 +809,7 @@ int run_threads(const VoStack& st) { return st.threads > 0 ? st.threads : omp_ge
 
 extern "C" {
 
-int32_t vo_version() { return 9; }
+int32_t vo_version() { return 10; }
 
 // The counter-based uniforms of key at indices index0 .. index0 + n - 1 (for tests).
 void vo_counter_uniforms(uint64_t key, uint64_t index0, int64_t n, float* out) {
@@ -1220,7 +1220,10 @@ inline void tile_read(int fmt, const VoMat& m, int64_t r0, int nr, vline& a, vli
 
 extern "C" {
 
-double vo_read_bandwidth(int64_t bytes, int32_t threads, int32_t reps, int32_t streams) {
+// The best GB/s of `reps` timed sweeps (after one untimed) reading `bytes` of one buffer with
+// `threads` threads, each reading its slice as `streams` concurrent streams. gbs_out, if not null,
+// gets every timed sweep's GB/s in order: the spread of a host's reads, beside their best.
+double vo_read_bandwidth(int64_t bytes, int32_t threads, int32_t reps, int32_t streams, double* gbs_out) {
     if (threads < 1) threads = omp_get_max_threads();
     if (streams < 1 || streams > 4) return -3.0;
     const int64_t huge = 2 << 20;  // 2 MiB: transparent huge pages, as the packed weights get
@@ -1257,6 +1260,7 @@ double vo_read_bandwidth(int64_t bytes, int32_t threads, int32_t reps, int32_t s
                 if (r > 0) {  // the first sweep warms the TLB and page tables
                     double gbs = (double)bytes / (t1 - t0) / 1e9;
                     if (gbs > best) best = gbs;
+                    if (gbs_out) gbs_out[r - 1] = gbs;
                 }
             }
         }
