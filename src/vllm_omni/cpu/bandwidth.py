@@ -53,10 +53,14 @@ def _native_sweeps(nbytes: int, threads: int, reps: int, streams: tuple[int, ...
     return out
 
 
+def _best(sweeps: dict[int, list[float]]) -> float:
+    return max(max(v) for v in sweeps.values())
+
+
 def native_read_bandwidth(threads: int, quick: bool = False, streams: tuple[int, ...] = (1, 2)) -> float:
     """Best GB/s of the native probe over ``streams`` concurrent read streams per thread."""
     nbytes, reps = _sizes(quick)
-    return max(max(v) for v in _native_sweeps(nbytes, threads, reps, streams).values())
+    return _best(_native_sweeps(nbytes, threads, reps, streams))
 
 
 def working_set_read_sweeps(threads: int, nbytes: int, quick: bool = False) -> dict[int, list[float]]:
@@ -70,7 +74,7 @@ def working_set_read_sweeps(threads: int, nbytes: int, quick: bool = False) -> d
 
 def working_set_read_bandwidth(threads: int, nbytes: int, quick: bool = False) -> float:
     """Best GB/s of the native probe re-reading one buffer of ``nbytes`` (to the nearest 2 MiB)."""
-    return max(max(v) for v in working_set_read_sweeps(threads, nbytes, quick).values())
+    return _best(working_set_read_sweeps(threads, nbytes, quick))
 
 
 def torch_read_bandwidth(threads: int, quick: bool = False) -> float:
@@ -102,7 +106,7 @@ def read_bandwidth_probes(threads: int, quick: bool = False, working_set: int | 
     out = {"native": native_read_bandwidth(threads, quick), "torch": torch_read_bandwidth(threads, quick)}
     if working_set is not None:
         sweeps = working_set_read_sweeps(threads, working_set, quick)
-        out["working_set"] = max(max(v) for v in sweeps.values())
+        out["working_set"] = _best(sweeps)
     out["best"] = max(out.values())
     if working_set is not None:
         out["working_set_median"] = max(statistics.median(v) for v in sweeps.values())
