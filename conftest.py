@@ -3,7 +3,8 @@
 - Python blocks (plain or ``>>>``) run in-process, one namespace per page.
 - ``bash`` blocks run through ``bash -euo pipefail`` from the repo root, with the venv's
   ``bin`` on PATH and ``VLLM_OMNI_RESULTS_DIR`` pointing at a temporary folder, so a
-  benchmark run from a page never overwrites a committed artifact.
+  benchmark run from a page never overwrites a committed artifact. That folder is removed
+  when the session passes, as pytest does with ``tmp_path`` (``tmp_path_retention_policy``).
 - ``--8<--`` includes are expanded with pymdownx's own preprocessor, exactly as the site does.
 - ``<!-- skip: next if(not HAS_CUDA, reason="...") -->`` skips the next block; the flags
   (HAS_CUDA, HAS_MPS, HAS_AVX2, HAS_AVX512, HAS_AMX, HAS_TORCH, HAS_VLLM, HAS_CXX, HAS_ENGINES) are in the
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,7 +30,14 @@ from vllm_omni.capabilities import MARKERS, flags
 
 ROOT = Path(__file__).resolve().parent
 SNIPPETS = ROOT / "snippets"
-_RESULTS_TMP = tempfile.mkdtemp(prefix="vllm-omni-doc-results-")
+_results_tmp: list[str] = []  # made on first use: processes that only import this module make none
+
+
+def results_tmp() -> str:
+    """The session's folder for artifacts written by page blocks."""
+    if not _results_tmp:
+        _results_tmp.append(tempfile.mkdtemp(prefix="vllm-omni-doc-results-"))
+    return _results_tmp[0]
 
 
 def expand_snippets(text: str) -> str:
@@ -56,7 +65,7 @@ class SnippetExpandingDocument(Document):
 def doc_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["VLLM_OMNI_RESULTS_DIR"] = _RESULTS_TMP
+    env["VLLM_OMNI_RESULTS_DIR"] = results_tmp()
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -73,8 +82,7 @@ def evaluate_bash(example) -> str | None:
 
 def setup_namespace(namespace: dict) -> None:
     namespace.update(flags())
-    namespace["RESULTS_TMP"] = _RESULTS_TMP
-    os.environ["VLLM_OMNI_RESULTS_DIR"] = _RESULTS_TMP
+    namespace["RESULTS_TMP"] = os.environ["VLLM_OMNI_RESULTS_DIR"] = results_tmp()
 
 
 def teardown_namespace(namespace: dict) -> None:
@@ -103,6 +111,13 @@ _snippets = Sybil(
     teardown=teardown_namespace, name="snippets",
 )
 pytest_collect_file = (_docs + _snippets).pytest()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Drop the doc blocks' results folder after a passing session; keep it to inspect a failure."""
+    if exitstatus == 0:
+        for path in _results_tmp:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -34,6 +34,18 @@ def test_tiny_model_files(tmp_path):
         build_tiny_qwen3(tmp_path / "n", vocab_size=10)
 
 
+def test_tiny_model_in_a_temporary_folder(tmp_path):
+    pytest.importorskip("safetensors")
+    from vllm_omni.testing.tiny_qwen3 import tiny_qwen3
+
+    with tiny_qwen3(num_hidden_layers=1) as path:
+        assert json.loads((path / "config.json").read_text())["num_hidden_layers"] == 1
+    assert not path.parent.exists()  # the folder it made is gone
+    with tiny_qwen3(tmp_path / "kept") as path:
+        assert path == tmp_path / "kept"
+    assert (path / "model.safetensors").exists()  # a folder the caller named stays
+
+
 def _packed_layer(fmt, rows=384, cols=256, seed=0):
     import torch
 

@@ -42,3 +42,13 @@ def test_snippet_runs(path: Path, tmp_path):
     cmd = [sys.executable, str(path)] if path.suffix == ".py" else ["bash", "-euo", "pipefail", str(path)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{path.name} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+
+
+def test_examples_remove_their_temporary_folders():
+    """Page blocks, snippets and the package write scratch files only into folders that are
+    removed afterwards (``TemporaryDirectory``, ``tiny_qwen3()``, pytest's ``tmp_path``): every
+    test run executes them, and a bare ``mkdtemp()`` left gigabytes of exports behind each time."""
+    files = [*(ROOT / "docs").rglob("*.md"), *SNIPPETS, *(ROOT / "src" / "vllm_omni").rglob("*.py")]
+    offenders = [f"{p.relative_to(ROOT)}:{n}" for p in files
+                 for n, line in enumerate(p.read_text().splitlines(), 1) if "mkdtemp(" in line]
+    assert not offenders, f"a temporary folder nobody removes: {', '.join(offenders)}"

@@ -42,7 +42,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -68,7 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stage2-ops", type=int, default=50, help="timed matmuls of the second stage (default 50)")
     p.add_argument("--stage2-size", type=int, default=256, help="the second stage's square matmul size (default 256)")
     p.add_argument("--quick", action="store_true", help="1 round, 1 request, 8 tokens, 10 ops: for doctests")
-    p.add_argument("--model-dir", type=Path, default=None, help="where to build the tiny model (default: a temp dir)")
+    p.add_argument("--model-dir", type=Path, default=None,
+                   help="where to build the tiny model (default: a temporary folder, removed afterwards)")
     add_output(p)
     p.set_defaults(func=run)
 
@@ -241,10 +241,15 @@ def run(args: argparse.Namespace) -> int:
         raise BenchError("needs at least 2 usable CPUs: with one, torch's default is already one thread")
     require_vllm_plugin("safetensors")
 
-    from vllm_omni.testing.tiny_qwen3 import build_tiny_qwen3
+    from vllm_omni.testing.tiny_qwen3 import tiny_qwen3
 
-    model_dir = args.model_dir or Path(tempfile.mkdtemp(prefix="vllm-omni-tiny-")) / "tiny-qwen3"
-    spec = {"model": str(build_tiny_qwen3(model_dir)), "tokens": args.tokens, "requests": args.requests,
+    with tiny_qwen3(args.model_dir) as model_dir:
+        return _measure(args, str(model_dir))
+
+
+def _measure(args: argparse.Namespace, model: str) -> int:
+    usable = len(os.sched_getaffinity(0))
+    spec = {"model": model, "tokens": args.tokens, "requests": args.requests,
             "stage2_threads": args.stage2_threads, "stage2_ops": args.stage2_ops, "stage2_size": args.stage2_size}
     runs: dict[str, list[dict]] = {key: [] for key, *_ in CONFIGS}
     order = []

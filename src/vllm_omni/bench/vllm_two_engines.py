@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--env-kv-gib", type=int, default=1,
                    help="VLLM_CPU_KVCACHE_SPACE set for the process, in GiB (0: leave unset; default 1)")
     p.add_argument("--tokens", type=int, default=8, help="greedy tokens each engine generates (default 8)")
-    p.add_argument("--model-dir", type=Path, default=None, help="where to build the tiny model (default: a temp dir)")
+    p.add_argument("--model-dir", type=Path, default=None,
+                   help="where to build the tiny model (default: a temporary folder, removed afterwards)")
     add_output(p)
     p.set_defaults(func=run)
 
@@ -64,8 +64,6 @@ def run(args: argparse.Namespace) -> int:
         raise BenchError("needs at least 2 usable CPUs (one per stage)")
     require_vllm_plugin("psutil")
 
-    import psutil
-
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # vLLM's default: EngineCore + worker processes
     if args.env_kv_gib:
@@ -73,12 +71,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 
+    from vllm_omni.testing.tiny_qwen3 import tiny_qwen3
+
+    with tiny_qwen3(args.model_dir) as model_dir:
+        return _measure(args, str(model_dir))
+
+
+def _measure(args: argparse.Namespace, model: str) -> int:
+    import psutil
     from vllm import LLM, SamplingParams
 
-    from vllm_omni.testing.tiny_qwen3 import build_tiny_qwen3
-
-    model_dir = args.model_dir or Path(tempfile.mkdtemp(prefix="vllm-omni-tiny-")) / "tiny-qwen3"
-    model = str(build_tiny_qwen3(model_dir))
     me = psutil.Process()
     engines, rows = [], []
     for stage, kv_mib in zip(STAGES, args.kv_mib):

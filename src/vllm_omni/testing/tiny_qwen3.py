@@ -16,8 +16,10 @@ run can be compared token by token with the unquantized one:
 
 Usage::
 
-    from vllm_omni.testing.tiny_qwen3 import build_tiny_qwen3
+    from vllm_omni.testing.tiny_qwen3 import build_tiny_qwen3, tiny_qwen3
     path = build_tiny_qwen3("/tmp/tiny-qwen3")     # idempotent for the same arguments
+    with tiny_qwen3() as path:                     # or in a temporary folder, removed on exit
+        ...
 
 Speed does not depend on weight values; this model exists for correctness checks, and its
 timings describe vLLM's fixed overheads, not a real model.
@@ -25,10 +27,13 @@ timings describe vLLM's fixed overheads, not a real model.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 ARCHITECTURE = "Qwen3ForCausalLM"
@@ -218,3 +223,14 @@ def build_tiny_qwen3(path: str | Path, config: TinyQwen3Config | None = None, **
     save_file(state_dict(cfg), str(path / "model.safetensors"), metadata={"format": "pt"})
     marker.write_text(json.dumps({"fingerprint": cfg.fingerprint(), "config": asdict(cfg)}, indent=2))
     return path
+
+
+@contextlib.contextmanager
+def tiny_qwen3(path: str | Path | None = None, **overrides) -> Iterator[Path]:
+    """:func:`build_tiny_qwen3` into ``path``, or, when ``path`` is None, into a temporary
+    folder that is removed on exit, so that a benchmark or example leaves nothing behind."""
+    if path is not None:
+        yield build_tiny_qwen3(path, **overrides)
+        return
+    with tempfile.TemporaryDirectory(prefix="vllm-omni-tiny-") as tmp:
+        yield build_tiny_qwen3(Path(tmp) / "tiny-qwen3", **overrides)
