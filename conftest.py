@@ -113,6 +113,20 @@ _snippets = Sybil(
 pytest_collect_file = (_docs + _snippets).pytest()
 
 
+SCRATCH_GB = 3  # what a session writes into the temporary folder at most (engine exports, GGUFs)
+
+
+def pytest_report_header(config):
+    """Free space where the tests write: a full disk otherwise shows up only as scattered
+    errors and a pytest internal error, far from the cause."""
+    where = tempfile.gettempdir()
+    free = shutil.disk_usage(where).free / 1e9
+    line = f"temporary folder: {where}, {free:.1f} GB free (the tests write up to about {SCRATCH_GB} GB there)"
+    if free < SCRATCH_GB + 1:
+        line += f"\nWARNING: too little free space in {where}: free some, or set TMPDIR to a larger disk"
+    return line
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Drop the doc blocks' results folder after a passing session; keep it to inspect a failure."""
     if exitstatus == 0:
