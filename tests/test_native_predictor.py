@@ -224,9 +224,10 @@ def test_fallback_instruction_sets_agree(variant, fmt):
 
 
 @pytest.mark.parametrize("variant", ["avx2", "generic"])
-def test_int4_tiles_agree_bit_for_bit_across_builds(variant):
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_tiles_agree_bit_for_bit_across_builds(variant, fmt):
     """Every build sums a tile's even and odd groups apart and scales each group with one fused
-    multiply-add, so the AVX2 and plain-C int4 kernels give the host build's bits exactly."""
+    multiply-add, so the AVX2 and plain-C int8 and int4 kernels give the host build's bits exactly."""
     import ctypes
 
     from vllm_omni.cpu import native
@@ -234,12 +235,12 @@ def test_int4_tiles_agree_bit_for_bit_across_builds(variant):
     from vllm_omni.cpu.quant import quantize
 
     g = torch.Generator().manual_seed(8)
-    m = quantize(torch.randn(64, 1088, generator=g), "int4")
+    m = quantize(torch.randn(64, 1088, generator=g), fmt)
     x = torch.randn(3, 1088, generator=g)
     ys = []
     for lib in (native.load(), native.load(variant)):
         y = torch.full((3, 64), float("nan"))
-        assert lib.vo_linear(native.FMT_CODES["int4"], ctypes.byref(vo_mat(m)), x.data_ptr(), 3, y.data_ptr(), 1) == 0
+        assert lib.vo_linear(native.FMT_CODES[fmt], ctypes.byref(vo_mat(m)), x.data_ptr(), 3, y.data_ptr(), 1) == 0
         ys.append(y)
     assert torch.equal(ys[0], ys[1])
 
@@ -351,7 +352,7 @@ def test_vo_linear_matches_dequantized_matmul(fmt):
 
     lib = native.load()
     g = torch.Generator().manual_seed(3)
-    n_out = 352 if fmt == "int4" else 333  # int4: 11 tiles of 32 rows, split 5 + 6 at 2 threads
+    n_out = 333 if fmt == "fp32" else 352  # int8/int4: 11 tiles of 32 rows, split 5 + 6 at 2 threads
     w = torch.randn(n_out, 320, generator=g)  # 5 pairs of int4 groups per row
     m = quantize(w, fmt)
     ref_w = w if fmt == "fp32" else dequantize(m)
@@ -372,8 +373,9 @@ def test_vo_linear_matches_dequantized_matmul(fmt):
             assert float(err.max()) < QUANT_MAX_REL * float(ref.abs().max())
     bad = native.VoMat(None, None, 4, 100)  # 100 inputs: not a multiple of 64
     assert lib.vo_linear(0, ctypes.byref(bad), x.data_ptr(), 1, x.data_ptr(), 1) == -1
-    short_tile = native.VoMat(m.data.data_ptr(), None, 40, 320)  # int4 rows come in tiles of 32
-    assert lib.vo_linear(native.FMT_CODES["int4"], ctypes.byref(short_tile), x.data_ptr(), 1, x.data_ptr(), 1) == -1
+    short_tile = native.VoMat(m.data.data_ptr(), None, 40, 320)  # int8/int4 rows come in tiles of 32
+    for code in (native.FMT_CODES["int8"], native.FMT_CODES["int4"]):
+        assert lib.vo_linear(code, ctypes.byref(short_tile), x.data_ptr(), 1, x.data_ptr(), 1) == -1
 
 
 def test_vo_linear_int4_takes_long_rows():

@@ -7,8 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from vllm_omni.cpu.quant import (  # noqa: E402
-    INT4_GROUP, INT4_GROUP_BYTES, INT4_TILE, dequantize, dequantized_weights, int4_scales, packed_width, quantize,
-    roundtrip,
+    INT4_GROUP, INT4_GROUP_BYTES, INT4_TILE, TILE, dequantize, dequantized_weights, int4_scales, int8_values,
+    packed_width, quantize, roundtrip,
 )
 from vllm_omni.models import linear_bytes  # noqa: E402
 
@@ -31,8 +31,9 @@ def test_fp32_is_identity():
 def test_int8_round_trip_within_half_a_step_per_row():
     w = _matrix()
     m = quantize(w, "int8")
-    assert m.data.dtype == torch.int8 and m.scale.dtype == torch.float32
-    assert m.data.abs().max() <= 127
+    assert m.data.dtype == torch.uint8 and m.data.shape == w.shape and m.scale.dtype == torch.float32
+    assert 1 <= int(m.data.min()) and int(m.data.max()) <= 255  # q + 128 with q in -127..127
+    assert int8_values(m).abs().max() <= 127
     err = (roundtrip(w, "int8") - w).abs()
     step = w.abs().amax(dim=1, keepdim=True) / 127
     assert torch.all(err <= step / 2 * (1 + 1e-5) + 1e-9)
@@ -83,6 +84,29 @@ def test_int4_tiles_pair_rows_r_and_16_plus_r_in_each_byte_with_scales_first():
     assert torch.equal(dequantize(m), (n * scale).float())
 
 
+def test_int8_tiles_put_16_rows_of_4_inputs_in_each_line():
+    # value of row r, input c: says where it came from, and row r's largest |value| is 127, so
+    # that its scale is exactly 1 and the stored bytes are the values plus 128
+    rows, cols = 64, 128
+    r = torch.arange(rows)[:, None]
+    c = torch.arange(cols)[None, :]
+    q = (r * 31 + c * 7) % 255 - 127
+    q[:, 0] = 127
+    m = quantize(q.float(), "int8")
+    assert torch.equal(m.scale, torch.ones(rows))
+    tiles = m.data.reshape(rows // TILE, cols // INT4_GROUP, 1024)
+    for t in range(rows // TILE):
+        for g in range(cols // INT4_GROUP):
+            for half in range(2):
+                for j in range(8):
+                    for lane in range(16):
+                        for b in range(4):
+                            byte = int(tiles[t, g, 128 * j + 64 * half + 4 * lane + b])
+                            assert byte - 128 == q[TILE * t + 16 * half + lane, g * INT4_GROUP + 4 * j + b]
+    assert torch.equal(int8_values(m), q.to(torch.int8))
+    assert torch.equal(dequantize(m), q.float())
+
+
 def test_relative_error_is_small_on_model_like_weights():
     w = torch.randn(512, 1024, generator=torch.Generator().manual_seed(1)) * 0.02
     for fmt, bound in (("int8", 0.01), ("int4", 0.12)):
@@ -93,9 +117,10 @@ def test_relative_error_is_small_on_model_like_weights():
 def test_bad_shapes_and_formats():
     with pytest.raises(ValueError):
         quantize(torch.zeros(32, 96), "int4")  # in_features not a multiple of 64
-    with pytest.raises(ValueError, match="divisible by 32"):
-        quantize(torch.zeros(16, 64), "int4")  # out_features not a multiple of 32
-    assert quantize(torch.zeros(8, 64), "int8").data.shape[1] == packed_width(64, "int8")
+    for fmt in ("int8", "int4"):
+        with pytest.raises(ValueError, match="divisible by 32"):
+            quantize(torch.zeros(16, 64), fmt)  # out_features not a multiple of 32
+    assert quantize(torch.zeros(32, 64), "int8").data.shape[1] == packed_width(64, "int8")
     with pytest.raises(ValueError):
         quantize(torch.zeros(4, 64), "bf16")
     with pytest.raises(ValueError):

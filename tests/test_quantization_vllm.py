@@ -109,7 +109,7 @@ def test_apply_dispatches_to_native_kernel(fmt, rows, monkeypatch):
         return real(*args)
 
     monkeypatch.setattr(lib, "vo_linear", counting)
-    monkeypatch.setattr(torch.ops.aten, "_weight_int8pack_mm", None)  # the fallback must not run
+    monkeypatch.setattr(Q, "fallback_linear", None)  # the fallback must not run
     x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(1))
     Q.reset_kernel_calls()
     y = method.apply(layer, x.reshape(1, rows, 256)).reshape(rows, -1)
@@ -320,7 +320,7 @@ def test_llm_runs_quantized_and_agrees(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     res = json.loads(run.stdout.strip().splitlines()[-1])
     print(res)
-    assert res["vllm_omni_int8"]["format"] == "int8" and res["vllm_omni_int8"]["dtype"] == "torch.int8"
+    assert res["vllm_omni_int8"]["format"] == "int8" and res["vllm_omni_int8"]["dtype"] == "torch.uint8"
     assert res["vllm_omni_int4"]["format"] == "int4"
     for q in ("vllm_omni_int8", "vllm_omni_int4"):
         # decode steps (4 rows) ran on the native GEMV, prefills (more than NATIVE_MAX_ROWS rows) on the fallback

