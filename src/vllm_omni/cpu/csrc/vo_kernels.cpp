@@ -490,27 +490,28 @@ inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
 }
 #elif defined(VO_AVX2)
 // The AVX2 form: each 64-byte line is two halves of 8 lanes. maddubs saturates at int16, too
-// narrow for q + 128, so the bytes go back to q and the sign moves onto the activation.
+// narrow for q + 128, so the bytes go back to q and the sign moves onto the activation word,
+// which is broadcast once per line pair and serves the four 8-row parts.
 inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
-    __m256 f[4][2];  // [rows 8i .. 8i + 7][group parity]
-    for (auto& fi : f) fi[0] = fi[1] = _mm256_setzero_ps();
+    __m256 f[4][2];  // [rows 8k .. 8k + 7][group parity]
+    for (auto& fk : f) fk[0] = fk[1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < cols / 32; ++g) {
         const uint8_t* x = w + g * Q8_GROUP_BYTES;
         const int8_t* q = a.q + g * 32;
-        const __m256 d = _mm256_set1_ps(a.d[g]);
-        for (int k = 0; k < 4; ++k) {  // rows 8k .. 8k + 7: lines of half k / 2, 32-byte part k % 2
-            __m256i s = _mm256_setzero_si256();
-            for (int j = 0; j < 8; ++j) {
-                const __m256i v = _mm256_xor_si256(
-                    _mm256_loadu_si256((const __m256i*)(x + 128 * j + 64 * (k / 2) + 32 * (k % 2))), flip);
-                const __m256i aw = _mm256_set1_epi32(act_word(q + 4 * j));
-                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(aw, v)), ones));
+        __m256i s[4];  // rows 8k .. 8k + 7: 32-byte part k of each line pair (k / 2: the row half)
+        for (auto& sk : s) sk = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j) {
+            const __m256i aw = _mm256_set1_epi32(act_word(q + 4 * j));
+            for (int k = 0; k < 4; ++k) {
+                const __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(x + 128 * j + 32 * k)), flip);
+                s[k] = _mm256_add_epi32(s[k], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(aw, v)), ones));
             }
-            f[k][g & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, f[k][g & 1]);
         }
+        const __m256 d = _mm256_set1_ps(a.d[g]);
+        for (int k = 0; k < 4; ++k) f[k][g & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[k]), d, f[k][g & 1]);
     }
-    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_add_ps(f[i][0], f[i][1]));
+    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + 8 * k, _mm256_add_ps(f[k][0], f[k][1]));
 }
 #else
 inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
