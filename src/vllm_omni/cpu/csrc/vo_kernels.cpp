@@ -446,8 +446,10 @@ inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
 // rows thus take eight dots with no unpacking, are exact in int32, and are scaled by the
 // activation block's scale as one vector: one conversion and one multiply-add per 16 rows and
 // 32 inputs. Walking rows one at a time, the dots of a row needed the activation block scales
-// lane by lane, one conversion and one multiply-add per 64 bytes, and decoded about 2.5 times
-// slower on the development host (docs/analysis/cpu-kernels.md).
+// lane by lane, one conversion and one multiply-add per 64 bytes, and decoded less than half as
+// fast from L2 on the development host. The two halves' lines alternate so that a group is read
+// front to back: one after the other, the GEMVs fell well behind their reads from memory
+// (docs/analysis/cpu-kernels.md).
 constexpr int Q8_TILE = 32;
 constexpr int64_t Q8_GROUP_BYTES = 1024;
 
