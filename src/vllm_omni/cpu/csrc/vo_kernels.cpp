@@ -19,6 +19,7 @@
 #include <cstring>
 #include <vector>
 #include <limits>
+#include <utility>
 
 #include <omp.h>
 #include <sys/mman.h>
@@ -371,16 +372,22 @@ inline void q4_group32(const uint8_t* x, const Act& a, int64_t g, __m512& lo, __
     hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sh), ch, hi);
 }
 
-// out[0..32) = the 32 rows of the tile at w . a (cols inputs). Even groups sum into one
+// out[0..32) = the 32 rows of a tile at w . a (cols inputs), group(x, a, g, lo, hi) adding group
+// g's scaled sums for rows 0-15 and 16-31 (x: the group's bytes). Even groups sum into one
 // accumulator and odd groups into another, in every build, so all builds agree bit for bit.
-inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
+template <int64_t GROUP_BYTES, class Group>
+inline void tile_by_groups(const uint8_t* w, const Act& a, int64_t cols, float* out, Group group) {
     __m512 lo0 = _mm512_setzero_ps(), lo1 = lo0, hi0 = lo0, hi1 = lo0;
     for (int64_t g = 0; g < cols / 32; g += 2) {
-        q4_group32(w + g * Q4_GROUP_BYTES, a, g, lo0, hi0);
-        q4_group32(w + (g + 1) * Q4_GROUP_BYTES, a, g + 1, lo1, hi1);
+        group(w + g * GROUP_BYTES, a, g, lo0, hi0);
+        group(w + (g + 1) * GROUP_BYTES, a, g + 1, lo1, hi1);
     }
     _mm512_storeu_ps(out, _mm512_add_ps(lo0, lo1));
     _mm512_storeu_ps(out + 16, _mm512_add_ps(hi0, hi1));
+}
+
+inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
+    tile_by_groups<Q4_GROUP_BYTES>(w, a, cols, out, [](auto&&... args) { q4_group32(std::forward<decltype(args)>(args)...); });
 }
 #elif defined(VO_AVX2)
 // The AVX2 form: each 64-byte line is two halves of 8 lanes, and each half's low and high
@@ -479,16 +486,9 @@ inline void q8_group32(const uint8_t* x, const Act& a, int64_t g, __m512& lo, __
     hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(h0, h1)), d, hi);
 }
 
-// out[0..32) = the 32 rows of the tile at w . a, without their row scales. Even groups sum into
-// one accumulator and odd groups into another, in every build, so all builds agree bit for bit.
+// out[0..32) = the 32 rows of the tile at w . a, without their row scales.
 inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
-    __m512 lo0 = _mm512_setzero_ps(), lo1 = lo0, hi0 = lo0, hi1 = lo0;
-    for (int64_t g = 0; g < cols / 32; g += 2) {
-        q8_group32(w + g * Q8_GROUP_BYTES, a, g, lo0, hi0);
-        q8_group32(w + (g + 1) * Q8_GROUP_BYTES, a, g + 1, lo1, hi1);
-    }
-    _mm512_storeu_ps(out, _mm512_add_ps(lo0, lo1));
-    _mm512_storeu_ps(out + 16, _mm512_add_ps(hi0, hi1));
+    tile_by_groups<Q8_GROUP_BYTES>(w, a, cols, out, [](auto&&... args) { q8_group32(std::forward<decltype(args)>(args)...); });
 }
 #elif defined(VO_AVX2)
 // The AVX2 form: each 64-byte line is two halves of 8 lanes. maddubs saturates at int16, too
