@@ -36,10 +36,10 @@ import torch
 from torch import Tensor
 
 FORMATS = ("fp32", "int8", "int4")
-INT4_GROUP = 32
-INT4_TILE = 32  # rows per int4 tile (TILE, below)
-INT4_GROUP_BYTES = 576  # one tile's bytes per group of 32 inputs: 32 fp16 scales + 512 nibble bytes
 TILE = 32  # rows per int8 or int4 tile
+INT4_GROUP = 32
+INT4_TILE = TILE
+INT4_GROUP_BYTES = 576  # one tile's bytes per group of 32 inputs: 32 fp16 scales + 512 nibble bytes
 
 
 @dataclass
