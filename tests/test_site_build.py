@@ -58,3 +58,17 @@ def test_malformed_artifact_fails_and_names_the_file(tmp_path):
     proc = build(site)
     assert proc.returncode != 0
     assert "results/fixture/good.json: rows[2][1] (ms)" in proc.stderr
+
+
+def test_a_shallow_nested_list_fails_and_names_the_line(tmp_path):
+    site = make_site(tmp_path, "# Home\n\n- parent:\n  - child\n")
+    proc = build(site)
+    assert proc.returncode != 0
+    assert "docs/index.md:4" in proc.stderr and "indent nested lists by 4 spaces" in proc.stderr
+
+
+def test_a_list_run_into_a_paragraph_fails_and_names_the_item(tmp_path):
+    site = make_site(tmp_path, "# Home\n\n- first\n\n  second paragraph\n- second item\n")
+    proc = build(site)
+    assert proc.returncode != 0
+    assert "docs/index.md" in proc.stderr and "'second item'" in proc.stderr

@@ -1,8 +1,9 @@
 """MkDocs hook: tables, charts and figures from ``results/``, and one generated page per artifact.
 
 Registered in ``mkdocs.yml`` under ``hooks:``. Every failure (a malformed artifact, an
-unknown id, a typo in a directive, a directive left in the output) raises ``PluginError``
-naming the file, which aborts the build whether or not ``--strict`` is given.
+unknown id, a typo in a directive, a directive left in the output, a list that would render
+wrongly, see ``vllm_omni.results.lists``) raises ``PluginError`` naming the file, which aborts
+the build whether or not ``--strict`` is given.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from mkdocs.exceptions import PluginError
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files, InclusionLevel
 
-from vllm_omni.results import charts, directives, site
+from vllm_omni.results import charts, directives, lists, site
 from vllm_omni.results.schema import Artifact, ArtifactError
 from vllm_omni.results.store import load_all
 
@@ -77,6 +78,12 @@ def on_files(files: Files, config) -> Files:
 def on_page_markdown(markdown: str, page, config, files) -> str:
     src = page.file.src_uri
     artifacts = _state["artifacts"]
+    shallow = lists.shallow_nested_items(markdown)
+    if shallow:
+        raise PluginError(
+            f"docs/{src}:{shallow[0]}: a list item indented by 1 to 3 spaces renders as an item of the list "
+            "above it, not nested under it; indent nested lists by 4 spaces"
+        )
 
     def render(d: directives.Directive, _own: bool, where: str) -> str:
         if d.name == "chart":  # drawn with matplotlib, imported on the first chart
@@ -93,4 +100,10 @@ def on_post_page(output: str, page, config) -> str:
     m = _LEFTOVER_RE.search(output)
     if m:
         raise PluginError(f"docs/{page.file.src_uri}: a '<!-- {m.group(1)}: -->' directive was left unsubstituted")
+    swallowed = lists.swallowed_items(output)
+    if swallowed:
+        raise PluginError(
+            f"docs/{page.file.src_uri}: the list item {swallowed[0]!r} is rendered as text inside a paragraph; "
+            "leave a blank line before a list, and indent a list item's later paragraphs by 4 spaces"
+        )
     return output
