@@ -46,11 +46,21 @@ def test_table_and_artifact_page_are_built(tmp_path):
     assert (site / "site" / "results" / "fixture" / "good.json").is_file()
 
 
-def test_unknown_id_fails_and_names_the_page(tmp_path):
-    site = make_site(tmp_path, "# Home\n\n<!-- table: fixture/missing -->\n")
-    proc = build(site)
+@pytest.mark.parametrize(
+    "page, expected",
+    [
+        ("# Home\n\n<!-- table: fixture/missing -->\n", ("docs/index.md", "fixture/missing")),
+        # a nested list by two spaces would come out flat: the line is named
+        ("# Home\n\n- parent:\n  - child\n", ("docs/index.md:4", "indent nested lists by 4 spaces")),
+        # a later paragraph by two spaces ends the list and runs the next item into it
+        ("# Home\n\n- first\n\n  second paragraph\n- second item\n", ("docs/index.md", "'second item'")),
+    ],
+    ids=["unknown-id", "shallow-nested-list", "list-run-into-paragraph"],
+)
+def test_a_page_mistake_fails_and_says_where(tmp_path, page, expected):
+    proc = build(make_site(tmp_path, page))
     assert proc.returncode != 0
-    assert "docs/index.md" in proc.stderr and "fixture/missing" in proc.stderr
+    assert all(e in proc.stderr for e in expected), proc.stderr
 
 
 def test_malformed_artifact_fails_and_names_the_file(tmp_path):
@@ -59,16 +69,3 @@ def test_malformed_artifact_fails_and_names_the_file(tmp_path):
     assert proc.returncode != 0
     assert "results/fixture/good.json: rows[2][1] (ms)" in proc.stderr
 
-
-def test_a_shallow_nested_list_fails_and_names_the_line(tmp_path):
-    site = make_site(tmp_path, "# Home\n\n- parent:\n  - child\n")
-    proc = build(site)
-    assert proc.returncode != 0
-    assert "docs/index.md:4" in proc.stderr and "indent nested lists by 4 spaces" in proc.stderr
-
-
-def test_a_list_run_into_a_paragraph_fails_and_names_the_item(tmp_path):
-    site = make_site(tmp_path, "# Home\n\n- first\n\n  second paragraph\n- second item\n")
-    proc = build(site)
-    assert proc.returncode != 0
-    assert "docs/index.md" in proc.stderr and "'second item'" in proc.stderr
