@@ -68,4 +68,3 @@ def test_malformed_artifact_fails_and_names_the_file(tmp_path):
     proc = build(site)
     assert proc.returncode != 0
     assert "results/fixture/good.json: rows[2][1] (ms)" in proc.stderr
-

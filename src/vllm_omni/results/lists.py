@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-_MARKER = re.compile(r"^( {1,3})(?:[-*+]|\d+[.)]) \S")
+_MARKER = re.compile(r"^( {1,3})(?:[-*+]|\d+\.) \S")
 _FENCE = re.compile(r"^ *(```|~~~)")
 _PARAGRAPH = re.compile(r"<p>(.*?)</p>", re.S)
 _RUN_IN = re.compile(r"\n[ \t]*(?:[-*+]|\d+\.) +(\S[^\n]{0,50})")
