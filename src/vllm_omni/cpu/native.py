@@ -169,6 +169,7 @@ _SIGNATURES = {
     ]),
     "vo_counter_uniforms": (None, [ctypes.c_uint64, ctypes.c_uint64, _I64, P]),
     "vo_linear": (_I32, [_I32, ctypes.POINTER(VoMat), P, _I32, P, _I32]),
+    "vo_swiglu": (None, [P, P, P, _I32]),
     "vo_talker_sample": (_I64, [P, _I64, P, _I64, _F32, _I64, _I64, _I32, _F32, _I32, _F32, ctypes.c_uint64,
                                 ctypes.c_uint64, P]),
     "vo_read_bandwidth": (ctypes.c_double, [_I64, _I32, _I32, _I32, P]),
