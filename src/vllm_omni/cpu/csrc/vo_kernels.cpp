@@ -389,6 +389,23 @@ inline void tile_by_groups(const uint8_t* w, const Act& a, int64_t cols, float* 
 inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
     tile_by_groups<Q4_GROUP_BYTES>(w, a, cols, out, [](auto&&... args) { q4_group32(std::forward<decltype(args)>(args)...); });
 }
+
+// Two tiles side by side, group by group (two read streams, see for_tile_pairs): for each tile
+// the same sums, in the same order, as q4_tile.
+inline void q4_tile2(const uint8_t* wa, const uint8_t* wb, const Act& a, int64_t cols, float* oa, float* ob) {
+    __m512 la0 = _mm512_setzero_ps(), la1 = la0, ha0 = la0, ha1 = la0, lb0 = la0, lb1 = la0, hb0 = la0, hb1 = la0;
+    for (int64_t g = 0; g < cols / 32; g += 2) {
+        q4_group32(wa + g * Q4_GROUP_BYTES, a, g, la0, ha0);
+        q4_group32(wb + g * Q4_GROUP_BYTES, a, g, lb0, hb0);
+        q4_group32(wa + (g + 1) * Q4_GROUP_BYTES, a, g + 1, la1, ha1);
+        q4_group32(wb + (g + 1) * Q4_GROUP_BYTES, a, g + 1, lb1, hb1);
+    }
+    _mm512_storeu_ps(oa, _mm512_add_ps(la0, la1));
+    _mm512_storeu_ps(oa + 16, _mm512_add_ps(ha0, ha1));
+    _mm512_storeu_ps(ob, _mm512_add_ps(lb0, lb1));
+    _mm512_storeu_ps(ob + 16, _mm512_add_ps(hb0, hb1));
+}
+constexpr bool Q4_PAIRS = true;  // GEMVs walk int4 tiles in pairs (for_tile_pairs)
 #elif defined(VO_AVX2)
 // The AVX2 form: each 64-byte line is two halves of 8 lanes, and each half's low and high
 // nibbles are masked apart (maddubs saturates at int16, too narrow for whole bytes). maddubs
@@ -442,6 +459,17 @@ inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
         out[r] = acc[0] + acc[1];
     }
 }
+#endif
+
+#if !defined(VO_AVX512VNNI)
+// Without AVX-512 the two tiles are taken one after the other, and GEMVs walk their tiles in
+// order: in pairs, one tile at a time, the AVX2 int4 pass was 3 to 4 % slower on the development
+// host, where the lockstep of the AVX-512 build made it faster.
+inline void q4_tile2(const uint8_t* wa, const uint8_t* wb, const Act& a, int64_t cols, float* oa, float* ob) {
+    q4_tile(wa, a, cols, oa);
+    q4_tile(wb, a, cols, ob);
+}
+constexpr bool Q4_PAIRS = false;
 #endif
 
 // int8 rows come in tiles of 32 as well, with the row scales in their own array (one float per
@@ -701,25 +729,77 @@ inline void for_gemv_rows(int fmt, int64_t rows, F&& f) {
         for_tiles<1>(rows, f);
 }
 
-// out[t, r] (=|+=) m[r] . act[t] for r in [0, rows), rows split across the team.
-inline void gemv(int fmt, const VoMat& m, Work& W, int T, float* out, int64_t out_stride, OutMode mode) {
+// f2(ra, rb) over pairs of 32-row tiles and f1(r) over a tile left over, for rows a multiple of
+// 32: each thread takes a contiguous share of the tiles, as for_tiles does, and walks its two
+// halves side by side, the first tile of each half, then the second of each, ...; a barrier ends
+// the loop. With the tiles of a pair read group by group in turn (q4_tile2), a core reads two
+// streams at once, as the read probe may: on the development host (Zen 4) that made the int4
+// pass about 3 % faster at 1 thread and up to 5 % at 2, where pairs of adjacent tiles made it
+// a fifth slower (docs/analysis/cpu-kernels.md).
+template <class F2, class F1>
+inline void for_tile_pairs(int64_t rows, F2&& f2, F1&& f1) {
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t tiles = rows / ROW_TILE, lo = tiles * id / nt, n = tiles * (id + 1) / nt - lo, half = (n + 1) / 2;
+    for (int64_t i = 0; i < n - half; ++i) f2((lo + i) * ROW_TILE, (lo + half + i) * ROW_TILE);
+    if (n % 2) f1((lo + half - 1) * ROW_TILE);
+#pragma omp barrier
+}
+
+// emit(t, r0, nr, v) with v = rows r0 .. r0 + nr of m . act[t], for every row of m and t < T, rows
+// split across the team; ends in a barrier. int4 in pairs of tiles (for_tile_pairs) where
+// Q4_PAIRS, otherwise by tiles (int8, int4) or rows (fp32), each thread's share in order
+// (for_gemv_rows). A row's result depends on neither the walk nor the thread count.
+template <class Emit>
+inline void gemv_rows(int fmt, const VoMat& m, const Act* act, int T, Emit&& emit) {
+    if (fmt == FMT_I4 && Q4_PAIRS) {
+        for_tile_pairs(
+            m.rows,
+            [&](int64_t ra, int64_t rb) {
+                float va[ROW_TILE], vb[ROW_TILE];
+                for (int t = 0; t < T; ++t) {
+                    q4_tile2(q4_tile_at(m, ra), q4_tile_at(m, rb), act[t], m.cols, va, vb);
+                    emit(t, ra, ROW_TILE, va);
+                    emit(t, rb, ROW_TILE, vb);
+                }
+            },
+            [&](int64_t r0) {
+                float v[ROW_TILE];
+                for (int t = 0; t < T; ++t) {
+                    q4_tile(q4_tile_at(m, r0), act[t], m.cols, v);
+                    emit(t, r0, ROW_TILE, v);
+                }
+            });
+        return;
+    }
     for_gemv_rows(fmt, m.rows, [&](int64_t r0, int nr) {
+        float v[ROW_TILE];
         for (int t = 0; t < T; ++t) {
-            float v[ROW_TILE];
-            tile_dot(fmt, m, r0, nr, W.act[t], v);
-            float* o = out + t * out_stride + r0;
-            for (int i = 0; i < nr; ++i) o[i] = mode == OUT_ADD ? o[i] + v[i] : v[i];
+            tile_dot(fmt, m, r0, nr, act[t], v);
+            emit(t, r0, nr, v);
         }
     });
 }
 
-// h[t, r] = silu(gate_r . a_t) * (up_r . a_t) for r in [0, I).
+// out[t, r] (=|+=) m[r] . act[t] for r in [0, rows), rows split across the team.
+inline void gemv(int fmt, const VoMat& m, Work& W, int T, float* out, int64_t out_stride, OutMode mode) {
+    gemv_rows(fmt, m, W.act, T, [&](int t, int64_t r0, int nr, const float* v) {
+        float* o = out + t * out_stride + r0;
+        for (int i = 0; i < nr; ++i) o[i] = mode == OUT_ADD ? o[i] + v[i] : v[i];
+    });
+}
+
+// h[t, r] = silu(gate_r . a_t) * (up_r . a_t) for r in [0, I). In int4 a gate tile and its up
+// tile are read side by side (q4_tile2): two streams, as for_tile_pairs walks other matrices.
 inline void gemv_swiglu(int fmt, const VoMat& m, int64_t I, Work& W, int T, float* out, int64_t out_stride) {
     for_gemv_rows(fmt, I, [&](int64_t r0, int nr) {
         for (int t = 0; t < T; ++t) {
             float g[ROW_TILE], u[ROW_TILE];
-            tile_dot(fmt, m, r0, nr, W.act[t], g);
-            tile_dot(fmt, m, r0 + I, nr, W.act[t], u);
+            if (fmt == FMT_I4) {
+                q4_tile2(q4_tile_at(m, r0), q4_tile_at(m, r0 + I), W.act[t], m.cols, g, u);
+            } else {
+                tile_dot(fmt, m, r0, nr, W.act[t], g);
+                tile_dot(fmt, m, r0 + I, nr, W.act[t], u);
+            }
             swiglu(g, u, out + t * out_stride + r0, nr);
         }
     });
@@ -867,7 +947,7 @@ int run_threads(const VoStack& st) { return st.threads > 0 ? st.threads : omp_ge
 
 extern "C" {
 
-int32_t vo_version() { return 12; }
+int32_t vo_version() { return 13; }
 
 // The counter-based uniforms of key at indices index0 .. index0 + n - 1 (for tests).
 void vo_counter_uniforms(uint64_t key, uint64_t index0, int64_t n, float* out) {
@@ -964,12 +1044,8 @@ int32_t vo_linear(int32_t fmt, const VoMat* mp, const float* x, int32_t M, float
     if (M < 1 || !linear_ok(fmt, K, N)) return -1;
     const ActBuffers ab(fmt, x, M, K);
 #pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
-    for_gemv_rows(fmt, N, [&](int64_t r0, int nr) {
-        float v[ROW_TILE];
-        for (int64_t t = 0; t < M; ++t) {
-            tile_dot(fmt, m, r0, nr, ab.act[t], v);
-            std::memcpy(y + t * N + r0, v, sizeof(float) * nr);
-        }
+    gemv_rows(fmt, m, ab.act.data(), M, [&](int t, int64_t r0, int nr, const float* v) {
+        std::memcpy(y + t * N + r0, v, sizeof(float) * nr);
     });
     return 0;
 }
@@ -1022,9 +1098,7 @@ int32_t vo_gemv_sweeps(int32_t fmt, const VoMat* mats, int32_t n, const float* x
     const ActBuffers ab(fmt, x, 1, K);
     timed_sweeps(threads, sweeps, seconds, [&] {
         for (int32_t j = 0; j < n; ++j)
-            for_gemv_rows(fmt, mats[j].rows, [&](int64_t r0, int nr) {  // ends in a barrier
-                float v[ROW_TILE];
-                tile_dot(fmt, mats[j], r0, nr, ab.act[0], v);
+            gemv_rows(fmt, mats[j], ab.act.data(), 1, [&](int, int64_t r0, int nr, const float* v) {  // ends in a barrier
                 std::memcpy(y + r0, v, sizeof(float) * nr);
             });
     });
@@ -1276,6 +1350,33 @@ inline void tile_read(int fmt, const VoMat& m, int64_t r0, int nr, vline& a, vli
         for (int k = 0; k < nr; ++k) scalars += ((const int32_t*)m.s)[r0 + k];
 }
 
+// tile_read over a pair of int4 tiles, a group (576 bytes) of each in turn, as q4_tile2 reads them.
+inline void tile_read2(const VoMat& m, int64_t ra, int64_t rb, vline& a, vline& b) {
+    const char* pa = (const char*)q4_tile_at(m, ra);
+    const char* pb = (const char*)q4_tile_at(m, rb);
+    static_assert(Q4_GROUP_BYTES % 128 == 64, "a group is pairs of lines and one more");
+    for (int64_t g = 0; g < m.cols / 32; ++g)
+        for (const char* p : {pa + g * Q4_GROUP_BYTES, pb + g * Q4_GROUP_BYTES}) {
+            int64_t i = 0;
+            for (; i + 128 <= Q4_GROUP_BYTES; i += 128) {
+                a = vadd(a, p + i);
+                b = vadd(b, p + i + 64);
+            }
+            a = vadd(a, p + i);
+        }
+}
+
+// The reads of gemv_rows over m for one token, in its walk (ends in a barrier).
+inline void read_rows(int fmt, const VoMat& m, vline& a, vline& b, int64_t& scalars) {
+    if (fmt == FMT_I4 && Q4_PAIRS) {
+        for_tile_pairs(
+            m.rows, [&](int64_t ra, int64_t rb) { tile_read2(m, ra, rb, a, b); },
+            [&](int64_t r0) { tile_read(fmt, m, r0, ROW_TILE, a, b, scalars); });
+        return;
+    }
+    for_gemv_rows(fmt, m.rows, [&](int64_t r0, int nr) { tile_read(fmt, m, r0, nr, a, b, scalars); });
+}
+
 }  // namespace
 
 extern "C" {
@@ -1330,8 +1431,8 @@ double vo_read_bandwidth(int64_t bytes, int32_t threads, int32_t reps, int32_t s
     return best;
 }
 
-// The reads of vo_gemv_sweeps alone: the same matrices, rows, thread shares, read streams and
-// barriers, but each row's bytes only loaded and summed (tile_read), with no dots. Against the
+// The reads of vo_gemv_sweeps alone: the same matrices, rows, thread shares, walk, read streams
+// and barriers, but each row's bytes only loaded and summed (read_rows), with no dots. Against the
 // GEMV sweeps it tells how much of their time the arithmetic adds to the reads they must make.
 // Matrices must start on 64-byte boundaries (the packed arenas do). *checksum gets the sum, over
 // all sweeps and mod 2^64, of the bytes read as 64-bit words (int8 row scales as 32-bit ones), so
@@ -1349,8 +1450,7 @@ int32_t vo_read_sweeps(int32_t fmt, const VoMat* mats, int32_t n, int32_t sweeps
     timed_sweeps(threads, sweeps, seconds, [&] {
         vline a = vzero(), b = vzero();
         int64_t scalars = 0;
-        for (int32_t j = 0; j < n; ++j)
-            for_gemv_rows(fmt, mats[j].rows, [&](int64_t r0, int nr) { tile_read(fmt, mats[j], r0, nr, a, b, scalars); });
+        for (int32_t j = 0; j < n; ++j) read_rows(fmt, mats[j], a, b, scalars);
         const uint64_t mine = (uint64_t)vsum(a) + (uint64_t)vsum(b) + (uint64_t)scalars;
 #pragma omp atomic
         total += mine;
