@@ -19,6 +19,7 @@
 #include <cstring>
 #include <vector>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include <omp.h>
@@ -571,18 +572,32 @@ constexpr int ROW_TILE = Q4_TILE;
 static_assert(Q8_TILE == ROW_TILE, "int8 and int4 tiles walk the same rows");
 
 // out[i] = row r0 + i of m . a, for i < nr <= ROW_TILE (int8/int4: r0 is a tile's first row and
-// nr the whole tile). A row's result does not depend on the tile it falls in, so not on the
-// thread count either.
-inline void tile_dot(int fmt, const VoMat& m, int64_t r0, int nr, const Act& a, float* out) {
-    if (fmt == FMT_I4) {
+// nr the whole tile), m in format FMT. A row's result does not depend on the tile it falls in,
+// so not on the thread count either.
+template <int FMT>
+inline void tile_dot(const VoMat& m, int64_t r0, int nr, const Act& a, float* out) {
+    if constexpr (FMT == FMT_I4) {
         q4_tile(q4_tile_at(m, r0), a, m.cols, out);
-    } else if (fmt == FMT_I8) {
+    } else if constexpr (FMT == FMT_I8) {
         q8_tile(q8_tile_at(m, r0), a, m.cols, out);
         const float* s = (const float*)m.s + r0;
         for (int i = 0; i < nr; ++i) out[i] *= s[i];
     } else {
         for (int i = 0; i < nr; ++i) out[i] = row_dot(m, r0 + i, a);
     }
+}
+
+// f<FMT>() for the format code fmt: each format's GEMV loop is compiled on its own. With the
+// three formats' tile dots as branches of one loop, the int8 pass of the development host took
+// 10 to 15 % longer once the int4 branch had become a call (docs/analysis/cpu-kernels.md).
+template <class F>
+inline void with_fmt(int fmt, F&& f) {
+    if (fmt == FMT_I4)
+        f(std::integral_constant<int, FMT_I4>());
+    else if (fmt == FMT_I8)
+        f(std::integral_constant<int, FMT_I8>());
+    else
+        f(std::integral_constant<int, FMT_F32>());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -747,35 +762,38 @@ inline void for_tile_pairs(int64_t rows, F2&& f2, F1&& f1) {
 
 // emit(t, r0, nr, v) with v = rows r0 .. r0 + nr of m . act[t], for every row of m and t < T, rows
 // split across the team; ends in a barrier. int4 in pairs of tiles (for_tile_pairs) where
-// Q4_PAIRS, otherwise by tiles (int8, int4) or rows (fp32), each thread's share in order
-// (for_gemv_rows). A row's result depends on neither the walk nor the thread count.
+// Q4_PAIRS, otherwise by tiles (int8, int4) or rows (fp32), each thread's share in order, as
+// for_gemv_rows walks them. A row's result depends on neither the walk nor the thread count.
 template <class Emit>
 inline void gemv_rows(int fmt, const VoMat& m, const Act* act, int T, Emit&& emit) {
-    if (fmt == FMT_I4 && Q4_PAIRS) {
-        for_tile_pairs(
-            m.rows,
-            [&](int64_t ra, int64_t rb) {
-                float va[ROW_TILE], vb[ROW_TILE];
-                for (int t = 0; t < T; ++t) {
-                    q4_tile2(q4_tile_at(m, ra), q4_tile_at(m, rb), act[t], m.cols, va, vb);
-                    emit(t, ra, ROW_TILE, va);
-                    emit(t, rb, ROW_TILE, vb);
-                }
-            },
-            [&](int64_t r0) {
+    with_fmt(fmt, [&](auto F) {
+        constexpr int FMT = decltype(F)::value;
+        if constexpr (FMT == FMT_I4 && Q4_PAIRS) {
+            for_tile_pairs(
+                m.rows,
+                [&](int64_t ra, int64_t rb) {
+                    float va[ROW_TILE], vb[ROW_TILE];
+                    for (int t = 0; t < T; ++t) {
+                        q4_tile2(q4_tile_at(m, ra), q4_tile_at(m, rb), act[t], m.cols, va, vb);
+                        emit(t, ra, ROW_TILE, va);
+                        emit(t, rb, ROW_TILE, vb);
+                    }
+                },
+                [&](int64_t r0) {
+                    float v[ROW_TILE];
+                    for (int t = 0; t < T; ++t) {
+                        q4_tile(q4_tile_at(m, r0), act[t], m.cols, v);
+                        emit(t, r0, ROW_TILE, v);
+                    }
+                });
+        } else {
+            for_tiles<FMT == FMT_F32 ? 1 : ROW_TILE>(m.rows, [&](int64_t r0, int nr) {
                 float v[ROW_TILE];
                 for (int t = 0; t < T; ++t) {
-                    q4_tile(q4_tile_at(m, r0), act[t], m.cols, v);
-                    emit(t, r0, ROW_TILE, v);
+                    tile_dot<FMT>(m, r0, nr, act[t], v);
+                    emit(t, r0, nr, v);
                 }
             });
-        return;
-    }
-    for_gemv_rows(fmt, m.rows, [&](int64_t r0, int nr) {
-        float v[ROW_TILE];
-        for (int t = 0; t < T; ++t) {
-            tile_dot(fmt, m, r0, nr, act[t], v);
-            emit(t, r0, nr, v);
         }
     });
 }
@@ -791,17 +809,20 @@ inline void gemv(int fmt, const VoMat& m, Work& W, int T, float* out, int64_t ou
 // h[t, r] = silu(gate_r . a_t) * (up_r . a_t) for r in [0, I). In int4 a gate tile and its up
 // tile are read side by side (q4_tile2): two streams, as for_tile_pairs walks other matrices.
 inline void gemv_swiglu(int fmt, const VoMat& m, int64_t I, Work& W, int T, float* out, int64_t out_stride) {
-    for_gemv_rows(fmt, I, [&](int64_t r0, int nr) {
-        for (int t = 0; t < T; ++t) {
-            float g[ROW_TILE], u[ROW_TILE];
-            if (fmt == FMT_I4) {
-                q4_tile2(q4_tile_at(m, r0), q4_tile_at(m, r0 + I), W.act[t], m.cols, g, u);
-            } else {
-                tile_dot(fmt, m, r0, nr, W.act[t], g);
-                tile_dot(fmt, m, r0 + I, nr, W.act[t], u);
+    with_fmt(fmt, [&](auto F) {
+        constexpr int FMT = decltype(F)::value;
+        for_tiles<FMT == FMT_F32 ? 1 : ROW_TILE>(I, [&](int64_t r0, int nr) {
+            for (int t = 0; t < T; ++t) {
+                float g[ROW_TILE], u[ROW_TILE];
+                if constexpr (FMT == FMT_I4) {
+                    q4_tile2(q4_tile_at(m, r0), q4_tile_at(m, r0 + I), W.act[t], m.cols, g, u);
+                } else {
+                    tile_dot<FMT>(m, r0, nr, W.act[t], g);
+                    tile_dot<FMT>(m, r0 + I, nr, W.act[t], u);
+                }
+                swiglu(g, u, out + t * out_stride + r0, nr);
             }
-            swiglu(g, u, out + t * out_stride + r0, nr);
-        }
+        });
     });
 }
 
