@@ -589,7 +589,7 @@ inline void tile_dot(const VoMat& m, int64_t r0, int nr, const Act& a, float* ou
 
 // f<FMT>() for the format code fmt: each format's GEMV loop is compiled on its own. With the
 // three formats' tile dots as branches of one loop, the int8 pass of the development host took
-// 10 to 15 % longer once the int4 branch had become a call (docs/analysis/cpu-kernels.md).
+// 12 to 16 % longer once the int4 branch had become a call (docs/analysis/cpu-kernels.md).
 template <class F>
 inline void with_fmt(int fmt, F&& f) {
     if (fmt == FMT_I4)
