@@ -735,13 +735,10 @@ inline void for_tiles(int64_t rows, F&& f) {
 #pragma omp barrier
 }
 
-// f(r0, nr) over the rows of a GEMV in `fmt`: int8 and int4 by tiles of 32 rows, fp32 by row.
-template <class F>
-inline void for_gemv_rows(int fmt, int64_t rows, F&& f) {
-    if (fmt != FMT_F32)
-        for_tiles<ROW_TILE>(rows, f);
-    else
-        for_tiles<1>(rows, f);
+// f(r0, nr) over the rows of a GEMV in format FMT: int8 and int4 by tiles of 32 rows, fp32 by row.
+template <int FMT, class F>
+inline void for_gemv_rows(int64_t rows, F&& f) {
+    for_tiles<FMT == FMT_F32 ? 1 : ROW_TILE>(rows, f);
 }
 
 // f2(ra, rb) over pairs of 32-row tiles and f1(r) over a tile left over, for rows a multiple of
@@ -762,8 +759,8 @@ inline void for_tile_pairs(int64_t rows, F2&& f2, F1&& f1) {
 
 // emit(t, r0, nr, v) with v = rows r0 .. r0 + nr of m . act[t], for every row of m and t < T, rows
 // split across the team; ends in a barrier. int4 in pairs of tiles (for_tile_pairs) where
-// Q4_PAIRS, otherwise by tiles (int8, int4) or rows (fp32), each thread's share in order, as
-// for_gemv_rows walks them. A row's result depends on neither the walk nor the thread count.
+// Q4_PAIRS, otherwise by tiles (int8, int4) or rows (fp32), each thread's share in order
+// (for_gemv_rows). A row's result depends on neither the walk nor the thread count.
 template <class Emit>
 inline void gemv_rows(int fmt, const VoMat& m, const Act* act, int T, Emit&& emit) {
     with_fmt(fmt, [&](auto F) {
@@ -787,7 +784,7 @@ inline void gemv_rows(int fmt, const VoMat& m, const Act* act, int T, Emit&& emi
                     }
                 });
         } else {
-            for_tiles<FMT == FMT_F32 ? 1 : ROW_TILE>(m.rows, [&](int64_t r0, int nr) {
+            for_gemv_rows<FMT>(m.rows, [&](int64_t r0, int nr) {
                 float v[ROW_TILE];
                 for (int t = 0; t < T; ++t) {
                     tile_dot<FMT>(m, r0, nr, act[t], v);
@@ -811,7 +808,7 @@ inline void gemv(int fmt, const VoMat& m, Work& W, int T, float* out, int64_t ou
 inline void gemv_swiglu(int fmt, const VoMat& m, int64_t I, Work& W, int T, float* out, int64_t out_stride) {
     with_fmt(fmt, [&](auto F) {
         constexpr int FMT = decltype(F)::value;
-        for_tiles<FMT == FMT_F32 ? 1 : ROW_TILE>(I, [&](int64_t r0, int nr) {
+        for_gemv_rows<FMT>(I, [&](int64_t r0, int nr) {
             for (int t = 0; t < T; ++t) {
                 float g[ROW_TILE], u[ROW_TILE];
                 if constexpr (FMT == FMT_I4) {
@@ -1395,7 +1392,10 @@ inline void read_rows(int fmt, const VoMat& m, vline& a, vline& b, int64_t& scal
             [&](int64_t r0) { tile_read(fmt, m, r0, ROW_TILE, a, b, scalars); });
         return;
     }
-    for_gemv_rows(fmt, m.rows, [&](int64_t r0, int nr) { tile_read(fmt, m, r0, nr, a, b, scalars); });
+    with_fmt(fmt, [&](auto F) {
+        for_gemv_rows<decltype(F)::value>(m.rows,
+                                          [&](int64_t r0, int nr) { tile_read(fmt, m, r0, nr, a, b, scalars); });
+    });
 }
 
 }  // namespace
