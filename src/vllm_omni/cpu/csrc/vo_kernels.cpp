@@ -1351,19 +1351,24 @@ int64_t read_lines(const char* buf, int64_t lo, int64_t hi) {
     return total;
 }
 
-// The bytes tile_dot reads from m's weights for rows r0 .. r0 + nr (int8: with the row scales),
-// in the same order, each 64-byte line added into an accumulator as 64-bit words: the GEMV's
-// reads with none of its unpacking, dots or scale multiplies.
-inline void tile_read(int fmt, const VoMat& m, int64_t r0, int nr, vline& a, vline& b, int64_t& scalars) {
-    const int64_t row = m.cols * (fmt == FMT_F32 ? 4 : 1);
-    const char* p = fmt == FMT_I4 ? (const char*)q4_tile_at(m, r0) : (const char*)m.w + r0 * row;
-    const int64_t n = fmt == FMT_I4 ? q4_tile_bytes(m.cols) : row * nr;  // int8: nr rows are one tile
+// The n bytes at p (a multiple of 64), in order, each 64-byte line added into a or b as 64-bit
+// words, pairs of lines alternating between the two.
+inline void read_span(const char* p, int64_t n, vline& a, vline& b) {
     int64_t i = 0;
     for (; i + 128 <= n; i += 128) {
         a = vadd(a, p + i);
         b = vadd(b, p + i + 64);
     }
     for (; i < n; i += 64) a = vadd(a, p + i);
+}
+
+// The bytes tile_dot reads from m's weights for rows r0 .. r0 + nr (int8: with the row scales),
+// in the same order (read_span): the GEMV's reads with none of its unpacking, dots or scale
+// multiplies.
+inline void tile_read(int fmt, const VoMat& m, int64_t r0, int nr, vline& a, vline& b, int64_t& scalars) {
+    const int64_t row = m.cols * (fmt == FMT_F32 ? 4 : 1);
+    const char* p = fmt == FMT_I4 ? (const char*)q4_tile_at(m, r0) : (const char*)m.w + r0 * row;
+    read_span(p, fmt == FMT_I4 ? q4_tile_bytes(m.cols) : row * nr, a, b);  // int8: nr rows are one tile
     if (fmt == FMT_I8)
         for (int k = 0; k < nr; ++k) scalars += ((const int32_t*)m.s)[r0 + k];
 }
@@ -1372,16 +1377,10 @@ inline void tile_read(int fmt, const VoMat& m, int64_t r0, int nr, vline& a, vli
 inline void tile_read2(const VoMat& m, int64_t ra, int64_t rb, vline& a, vline& b) {
     const char* pa = (const char*)q4_tile_at(m, ra);
     const char* pb = (const char*)q4_tile_at(m, rb);
-    static_assert(Q4_GROUP_BYTES % 128 == 64, "a group is pairs of lines and one more");
-    for (int64_t g = 0; g < m.cols / 32; ++g)
-        for (const char* p : {pa + g * Q4_GROUP_BYTES, pb + g * Q4_GROUP_BYTES}) {
-            int64_t i = 0;
-            for (; i + 128 <= Q4_GROUP_BYTES; i += 128) {
-                a = vadd(a, p + i);
-                b = vadd(b, p + i + 64);
-            }
-            a = vadd(a, p + i);
-        }
+    for (int64_t g = 0; g < m.cols / 32; ++g) {
+        read_span(pa + g * Q4_GROUP_BYTES, Q4_GROUP_BYTES, a, b);
+        read_span(pb + g * Q4_GROUP_BYTES, Q4_GROUP_BYTES, a, b);
+    }
 }
 
 // The reads of gemv_rows over m for one token, in its walk (ends in a barrier).
