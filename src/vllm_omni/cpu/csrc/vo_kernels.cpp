@@ -757,41 +757,41 @@ inline void for_tile_pairs(int64_t rows, F2&& f2, F1&& f1) {
 #pragma omp barrier
 }
 
-// emit(t, r0, nr, v) with v = rows r0 .. r0 + nr of m . act[t], for every row of m and t < T, rows
-// split across the team; ends in a barrier. int4 in pairs of tiles (for_tile_pairs) where
-// Q4_PAIRS, otherwise by tiles (int8, int4) or rows (fp32), each thread's share in order
-// (for_gemv_rows). A row's result depends on neither the walk nor the thread count.
+// The walk of a GEMV's rows in format FMT, split across the team; ends in a barrier. int4 in
+// pairs of tiles, pair(ra, rb), and tile(r0, 32) for a tile left over (for_tile_pairs), where
+// Q4_PAIRS; otherwise tile(r0, nr) by tiles (int8, int4) or rows (fp32), each thread's share in
+// order (for_gemv_rows). The GEMVs and their plain reads (read_rows) both walk this way.
+template <int FMT, class Pair, class Tile>
+inline void walk_rows(int64_t rows, Pair&& pair, Tile&& tile) {
+    if constexpr (FMT == FMT_I4 && Q4_PAIRS)
+        for_tile_pairs(rows, pair, [&](int64_t r0) { tile(r0, ROW_TILE); });
+    else
+        for_gemv_rows<FMT>(rows, tile);
+}
+
+// emit(t, r0, nr, v) with v = rows r0 .. r0 + nr of m . act[t], for every row of m and t < T, in
+// walk_rows; ends in a barrier. A row's result depends on neither the walk nor the thread count.
 template <class Emit>
 inline void gemv_rows(int fmt, const VoMat& m, const Act* act, int T, Emit&& emit) {
     with_fmt(fmt, [&](auto F) {
         constexpr int FMT = decltype(F)::value;
-        if constexpr (FMT == FMT_I4 && Q4_PAIRS) {
-            for_tile_pairs(
-                m.rows,
-                [&](int64_t ra, int64_t rb) {
-                    float va[ROW_TILE], vb[ROW_TILE];
-                    for (int t = 0; t < T; ++t) {
-                        q4_tile2(q4_tile_at(m, ra), q4_tile_at(m, rb), act[t], m.cols, va, vb);
-                        emit(t, ra, ROW_TILE, va);
-                        emit(t, rb, ROW_TILE, vb);
-                    }
-                },
-                [&](int64_t r0) {
-                    float v[ROW_TILE];
-                    for (int t = 0; t < T; ++t) {
-                        q4_tile(q4_tile_at(m, r0), act[t], m.cols, v);
-                        emit(t, r0, ROW_TILE, v);
-                    }
-                });
-        } else {
-            for_gemv_rows<FMT>(m.rows, [&](int64_t r0, int nr) {
+        walk_rows<FMT>(
+            m.rows,
+            [&](int64_t ra, int64_t rb) {
+                float va[ROW_TILE], vb[ROW_TILE];
+                for (int t = 0; t < T; ++t) {
+                    q4_tile2(q4_tile_at(m, ra), q4_tile_at(m, rb), act[t], m.cols, va, vb);
+                    emit(t, ra, ROW_TILE, va);
+                    emit(t, rb, ROW_TILE, vb);
+                }
+            },
+            [&](int64_t r0, int nr) {
                 float v[ROW_TILE];
                 for (int t = 0; t < T; ++t) {
                     tile_dot<FMT>(m, r0, nr, act[t], v);
                     emit(t, r0, nr, v);
                 }
             });
-        }
     });
 }
 
@@ -1383,17 +1383,12 @@ inline void tile_read2(const VoMat& m, int64_t ra, int64_t rb, vline& a, vline& 
     }
 }
 
-// The reads of gemv_rows over m for one token, in its walk (ends in a barrier).
+// The reads of gemv_rows over m for one token, in its walk (walk_rows; ends in a barrier).
 inline void read_rows(int fmt, const VoMat& m, vline& a, vline& b, int64_t& scalars) {
-    if (fmt == FMT_I4 && Q4_PAIRS) {
-        for_tile_pairs(
-            m.rows, [&](int64_t ra, int64_t rb) { tile_read2(m, ra, rb, a, b); },
-            [&](int64_t r0) { tile_read(fmt, m, r0, ROW_TILE, a, b, scalars); });
-        return;
-    }
     with_fmt(fmt, [&](auto F) {
-        for_gemv_rows<decltype(F)::value>(m.rows,
-                                          [&](int64_t r0, int nr) { tile_read(fmt, m, r0, nr, a, b, scalars); });
+        walk_rows<decltype(F)::value>(
+            m.rows, [&](int64_t ra, int64_t rb) { tile_read2(m, ra, rb, a, b); },
+            [&](int64_t r0, int nr) { tile_read(fmt, m, r0, nr, a, b, scalars); });
     });
 }
 
