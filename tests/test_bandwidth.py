@@ -51,6 +51,26 @@ def test_bench_bandwidth_writes_a_valid_artifact(tmp_path):
     assert data["rows"][0][0] == 1 and data["rows"][0][3] > 0
 
 
+def test_bench_name_picks_the_file_and_bad_names_are_refused_before_measuring(tmp_path, capsys):
+    """--name keeps a second host's run beside the committed one; a bad name never starts a run."""
+    import re
+
+    from vllm_omni.bench.cli import main
+
+    assert main(["bandwidth", "--quick", "--threads", "1", "--name", "bw-other-host", "--output", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "cpu-path" / "bw-other-host-quick.json").read_text())
+    assert data["id"] == "cpu-path/bw-other-host-quick"
+    cpu_id = data["provenance"]["host"]["cpu_id"]
+    assert cpu_id is None or re.fullmatch(r"family \d+, model \d+(, stepping \d+)?", cpu_id)
+    for command in ("bandwidth", "env", "predictor", "gemv"):
+        for bad in ("Upper", "a/b", "-lead", ""):
+            with pytest.raises(SystemExit) as info:
+                main([command, f"--name={bad}", "--output", str(tmp_path / "never")])
+            assert info.value.code == 2
+            assert "argument --name: must be lowercase" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
+
+
 def test_huge_arena_views_hold_the_same_values():
     """Packed matrices copied into the huge-page arena keep their bytes, dtypes and shapes."""
     import torch

@@ -18,6 +18,7 @@ BAD = {
     "missing-provenance-host": "provenance.host",
     "wrong-type-title": "title",
     "wrong-type-memory": "provenance.host.memory_gib",
+    "wrong-type-cpu-id": "provenance.host.cpu_id",
     "unknown-origin": "origin",
     "row-length": "rows[2]",
     "non-number": "rows[2][1] (ms)",

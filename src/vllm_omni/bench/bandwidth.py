@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_omni.bench.common import BenchError, add_output, resolve_threads, write_measured
+from vllm_omni.bench.common import BenchError, add_name, add_output, artifact_name, resolve_threads, write_measured
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -12,7 +12,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="highest thread count to probe (default: all usable cores); 1..N are measured")
     p.add_argument("--quick", action="store_true", help="256 MiB buffer, fewer sweeps: for doctests, not for figures")
-    p.add_argument("--name", default=None, help="artifact name under results/cpu-path/ (default: read-bandwidth)")
+    add_name(p, "cpu-path", "read-bandwidth")
     add_output(p)
     p.set_defaults(func=run)
 
@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
         r = read_bandwidth_probes(t, quick=args.quick)
         rows.append([t, round(r["native"], 2), round(r["torch"], 2), round(r["best"], 2)])
         print(f"threads {t}: native {r['native']:.1f} GB/s, torch sum {r['torch']:.1f} GB/s")
-    name = args.name or "read-bandwidth"
+    name = artifact_name(args, "read-bandwidth")
     write_measured(
         args,
         artifact_id=f"cpu-path/{name}{'-quick' if args.quick else ''}",

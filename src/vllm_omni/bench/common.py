@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import time
@@ -25,6 +26,28 @@ def add_output(parser: argparse.ArgumentParser) -> None:
         "--output", type=Path, default=None,
         help=f"results folder to write into (default: ${store.RESULTS_DIR_ENV} or <repo>/results)",
     )
+
+
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+def _artifact_file_name(text: str) -> str:
+    if not _NAME_RE.match(text):
+        raise argparse.ArgumentTypeError(f"must be lowercase letters, digits, '.', '_' or '-' (no folders), got {text!r}")
+    return text
+
+
+def add_name(parser: argparse.ArgumentParser, folder: str, default: str) -> None:
+    """--name: the artifact's file name under results/<folder>/, so that a run on another host,
+    or a second run kept beside the first, does not replace the committed one. Checked as the
+    command line is parsed, before any measuring."""
+    parser.add_argument("--name", type=_artifact_file_name, default=None,
+                        help=f"artifact name under results/{folder}/ (default: {default})")
+
+
+def artifact_name(args: argparse.Namespace, default: str) -> str:
+    """``--name`` when given, else ``default``."""
+    return getattr(args, "name", None) or default
 
 
 def add_common(parser: argparse.ArgumentParser, *, weights: bool = True, impl: bool = True) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from vllm_omni.bench.common import add_output, write_measured
+from vllm_omni.bench.common import add_name, add_output, artifact_name, write_measured
 from vllm_omni.results import provenance
 
 
@@ -19,7 +19,7 @@ def host_slug() -> str:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("env", help="record this host's CPU, memory, ISA and package versions")
-    p.add_argument("--name", default=None, help="artifact name under results/environment/ (default: CPU model + cores)")
+    add_name(p, "environment", "CPU model + cores")
     add_output(p)
     p.set_defaults(func=run)
 
@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     pkgs = provenance.package_versions()
     rows: list[list] = [
         ["CPU model", info["model"]],
+        ["CPU identity (x86 family, model, stepping)", info["cpu_id"]],
         ["logical CPUs on the machine", str(info["logical_cpus"])],
         ["CPUs this process may use", str(provenance.usable_cpus())],
         ["ISA features", ", ".join(provenance.isa()) or None],
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         ["GPU", provenance.gpu_name()],
     ]
     rows += [[f"package {name}", version] for name, version in sorted(pkgs.items())]
-    name = args.name or host_slug()
+    name = artifact_name(args, host_slug())
     write_measured(
         args,
         artifact_id=f"environment/{name}",

