@@ -320,7 +320,7 @@ inline float kv_dot(const float* q, const void* cache, int64_t off, int hd, bool
 // group's 16 sums per half are scaled as one vector and no horizontal sums are needed. A tile is
 // one run of bytes, scales included: on the development host (Zen 4) a separate stream of
 // scales, one line for every 8 of nibbles, cut one core's reads while it computed by about a
-// third, and software prefetches made it worse, so there are none (docs/analysis/cpu-kernels.md).
+// third, and software prefetches made it worse, so the AVX-512 build has none (see q4_prefetch).
 constexpr int Q4_TILE = 32;
 constexpr int64_t Q4_GROUP_BYTES = 576;
 
@@ -336,6 +336,22 @@ inline int32_t act_word(const int8_t* p) {
     std::memcpy(&v, p, 4);
     return v;
 }
+
+// A software prefetch of the group Q4_PREFETCH_GROUPS ahead of group x in its tile (its 9
+// lines), in the AVX2 build only. The development hosts disagree: on the AVX-512 one (Zen 4)
+// every software prefetch tried made the int4 pass slower, the hardware prefetcher losing its
+// streams; on an AVX2-only one (first-generation EPYC, family 23 model 1), where one core
+// decoded int4 tiles from memory at less than half its rate from its L2 cache, this made the
+// pass about a third faster at 1 and 2 threads (docs/analysis/cpu-kernels.md). The int4 plain
+// reads (tile_read2) make the same requests, so that they stay the GEMVs' reads.
+#if defined(VO_AVX2) && !defined(VO_AVX512VNNI)
+constexpr int64_t Q4_PREFETCH_GROUPS = 8;
+inline void q4_prefetch(const uint8_t* x) {
+    for (int l = 0; l < 9; ++l) _mm_prefetch((const char*)x + Q4_PREFETCH_GROUPS * Q4_GROUP_BYTES + 64 * l, _MM_HINT_T0);
+}
+#else
+inline void q4_prefetch(const uint8_t*) {}
+#endif
 
 #if defined(VO_AVX512VNNI)
 // lo/hi + the scaled sums of group g for rows 0-15/16-31 of a tile; x: the group's 576 bytes.
@@ -412,35 +428,57 @@ constexpr bool Q4_PAIRS = true;  // GEMVs walk int4 tiles in pairs (for_tile_pai
 // nibbles are masked apart (maddubs saturates at int16, too narrow for whole bytes). maddubs
 // pairs stay in int16 across the 8 lines: each pair is at most 2 * 15 * 127 = 3810 in
 // magnitude, 8 of them 30480 < 32767.
-inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
+// f[2k + h][g & 1] += the scaled sums of group g (bytes x) for rows 8(2k + h) .. 8(2k + h) + 7.
+// Each group asks for the group Q4_AVX2_PREFETCH_GROUPS ahead of it in its tile (q4_prefetch).
+inline void q4_group_avx2(const uint8_t* x, const Act& a, int64_t g, __m256 (*f)[2]) {
+    q4_prefetch(x);
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    __m256 f[4][2];  // [rows 8i .. 8i + 7][group parity]
-    for (auto& fi : f) fi[0] = fi[1] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < cols / 32; ++g) {
-        const uint8_t* x = w + g * Q4_GROUP_BYTES;
-        const uint16_t* sc = (const uint16_t*)x;
-        const int8_t* q = a.q + g * 32;
-        const __m256 d = _mm256_set1_ps(a.d[g]);
-        const __m256i off = _mm256_set1_epi32(a.gcorr[2 * g]);
-        for (int h = 0; h < 2; ++h) {
-            __m256i pl = _mm256_setzero_si256(), ph = _mm256_setzero_si256();
-            for (int j = 0; j < 8; ++j) {
-                const __m256i xv = _mm256_loadu_si256((const __m256i*)(x + 64 + 64 * j + 32 * h));
-                const __m256i aw = _mm256_set1_epi32(act_word(q + 4 * j));
-                pl = _mm256_add_epi16(pl, _mm256_maddubs_epi16(_mm256_and_si256(xv, m4), aw));
-                ph = _mm256_add_epi16(ph, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(xv, 4), m4), aw));
-            }
-            const __m256i sums[2] = {_mm256_add_epi32(_mm256_madd_epi16(pl, ones), off),
-                                     _mm256_add_epi32(_mm256_madd_epi16(ph, ones), off)};
-            for (int k = 0; k < 2; ++k) {
-                const __m256 scl = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sc + 16 * k + 8 * h))), d);
-                __m256& acc = f[2 * k + h][g & 1];
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[k]), scl, acc);
-            }
+    const uint16_t* sc = (const uint16_t*)x;
+    const int8_t* q = a.q + g * 32;
+    const __m256 d = _mm256_set1_ps(a.d[g]);
+    const __m256i off = _mm256_set1_epi32(a.gcorr[2 * g]);
+    for (int h = 0; h < 2; ++h) {
+        __m256i pl = _mm256_setzero_si256(), ph = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i*)(x + 64 + 64 * j + 32 * h));
+            const __m256i aw = _mm256_set1_epi32(act_word(q + 4 * j));
+            pl = _mm256_add_epi16(pl, _mm256_maddubs_epi16(_mm256_and_si256(xv, m4), aw));
+            ph = _mm256_add_epi16(ph, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(xv, 4), m4), aw));
+        }
+        const __m256i sums[2] = {_mm256_add_epi32(_mm256_madd_epi16(pl, ones), off),
+                                 _mm256_add_epi32(_mm256_madd_epi16(ph, ones), off)};
+        for (int k = 0; k < 2; ++k) {
+            const __m256 scl = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sc + 16 * k + 8 * h))), d);
+            __m256& acc = f[2 * k + h][g & 1];
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[k]), scl, acc);
         }
     }
+}
+
+inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
+    __m256 f[4][2];  // [rows 8i .. 8i + 7][group parity]
+    for (auto& fi : f) fi[0] = fi[1] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < cols / 32; ++g) q4_group_avx2(w + g * Q4_GROUP_BYTES, a, g, f);
     for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_add_ps(f[i][0], f[i][1]));
 }
+
+// Two tiles side by side, group by group, as the AVX-512 q4_tile2: for each tile the same sums,
+// in the same order, as q4_tile. On an AVX2-only development host (first-generation EPYC,
+// family 23 model 1) this made the int4 pass about 15 % faster at 1 and 2 threads without the
+// prefetches, and 2 to 3 % with them (docs/analysis/cpu-kernels.md).
+inline void q4_tile2(const uint8_t* wa, const uint8_t* wb, const Act& a, int64_t cols, float* oa, float* ob) {
+    __m256 fa[4][2], fb[4][2];
+    for (int i = 0; i < 4; ++i) fa[i][0] = fa[i][1] = fb[i][0] = fb[i][1] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < cols / 32; ++g) {
+        q4_group_avx2(wa + g * Q4_GROUP_BYTES, a, g, fa);
+        q4_group_avx2(wb + g * Q4_GROUP_BYTES, a, g, fb);
+    }
+    for (int i = 0; i < 4; ++i) {
+        _mm256_storeu_ps(oa + 8 * i, _mm256_add_ps(fa[i][0], fa[i][1]));
+        _mm256_storeu_ps(ob + 8 * i, _mm256_add_ps(fb[i][0], fb[i][1]));
+    }
+}
+constexpr bool Q4_PAIRS = true;
 #else
 inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
     for (int r = 0; r < Q4_TILE; ++r) {
@@ -462,10 +500,9 @@ inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
 }
 #endif
 
-#if !defined(VO_AVX512VNNI)
-// Without AVX-512 the two tiles are taken one after the other, and GEMVs walk their tiles in
-// order: in pairs, one tile at a time, the AVX2 int4 pass was 3 to 4 % slower on the development
-// host, where the lockstep of the AVX-512 build made it faster.
+#if !defined(VO_AVX512VNNI) && !defined(VO_AVX2)
+// The plain-C build takes the two tiles one after the other, and its GEMVs walk their tiles in
+// order.
 inline void q4_tile2(const uint8_t* wa, const uint8_t* wb, const Act& a, int64_t cols, float* oa, float* ob) {
     q4_tile(wa, a, cols, oa);
     q4_tile(wb, a, cols, ob);
@@ -1373,12 +1410,15 @@ inline void tile_read(int fmt, const VoMat& m, int64_t r0, int nr, vline& a, vli
         for (int k = 0; k < nr; ++k) scalars += ((const int32_t*)m.s)[r0 + k];
 }
 
-// tile_read over a pair of int4 tiles, a group (576 bytes) of each in turn, as q4_tile2 reads them.
+// tile_read over a pair of int4 tiles, a group (576 bytes) of each in turn, with the same
+// prefetches, as q4_tile2 reads them.
 inline void tile_read2(const VoMat& m, int64_t ra, int64_t rb, vline& a, vline& b) {
     const char* pa = (const char*)q4_tile_at(m, ra);
     const char* pb = (const char*)q4_tile_at(m, rb);
     for (int64_t g = 0; g < m.cols / 32; ++g) {
+        q4_prefetch((const uint8_t*)pa + g * Q4_GROUP_BYTES);
         read_span(pa + g * Q4_GROUP_BYTES, Q4_GROUP_BYTES, a, b);
+        q4_prefetch((const uint8_t*)pb + g * Q4_GROUP_BYTES);
         read_span(pb + g * Q4_GROUP_BYTES, Q4_GROUP_BYTES, a, b);
     }
 }
