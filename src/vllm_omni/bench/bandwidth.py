@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_omni.bench.common import BenchError, add_name, add_output, artifact_name, resolve_threads, write_measured
+from vllm_omni.bench.common import BenchError, add_name, add_output, resolve_threads, write_measured
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,10 +28,9 @@ def run(args: argparse.Namespace) -> int:
         r = read_bandwidth_probes(t, quick=args.quick)
         rows.append([t, round(r["native"], 2), round(r["torch"], 2), round(r["best"], 2)])
         print(f"threads {t}: native {r['native']:.1f} GB/s, torch sum {r['torch']:.1f} GB/s")
-    name = artifact_name(args, "read-bandwidth")
     write_measured(
         args,
-        artifact_id=f"cpu-path/{name}{'-quick' if args.quick else ''}",
+        artifact_id=f"cpu-path/read-bandwidth{'-quick' if args.quick else ''}",
         title="Read bandwidth of this host by thread count",
         columns=[
             {"name": "threads", "unit": None, "type": "number"},

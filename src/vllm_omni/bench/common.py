@@ -33,7 +33,8 @@ _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 def _artifact_file_name(text: str) -> str:
     if not _NAME_RE.match(text):
-        raise argparse.ArgumentTypeError(f"must be lowercase letters, digits, '.', '_' or '-' (no folders), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"must be lowercase letters, digits, '.', '_' or '-' (no folders), got {text!r}")
     return text
 
 
@@ -43,11 +44,6 @@ def add_name(parser: argparse.ArgumentParser, folder: str, default: str) -> None
     command line is parsed, before any measuring."""
     parser.add_argument("--name", type=_artifact_file_name, default=None,
                         help=f"artifact name under results/{folder}/ (default: {default})")
-
-
-def artifact_name(args: argparse.Namespace, default: str) -> str:
-    """``--name`` when given, else ``default``."""
-    return getattr(args, "name", None) or default
 
 
 def add_common(parser: argparse.ArgumentParser, *, weights: bool = True, impl: bool = True) -> None:
@@ -162,7 +158,13 @@ def write_measured(
     extra: dict[str, Any] | None = None,
     argv: list[str] | None = None,
 ) -> Path:
-    """Build a measured artifact with captured provenance, validate it, write it, print its path."""
+    """Build a measured artifact with captured provenance, validate it, write it, print its path.
+
+    ``--name`` (add_name), when given, replaces the last part of ``artifact_id`` (then
+    ``-quick`` for a quick run)."""
+    name = getattr(args, "name", None)
+    if name:
+        artifact_id = f"{artifact_id.rsplit('/', 1)[0]}/{name}{'-quick' if getattr(args, 'quick', False) else ''}"
     data: dict[str, Any] = {
         "schema": 1,
         "id": artifact_id,

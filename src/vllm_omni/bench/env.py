@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from vllm_omni.bench.common import add_name, add_output, artifact_name, write_measured
+from vllm_omni.bench.common import add_name, add_output, write_measured
 from vllm_omni.results import provenance
 
 
@@ -37,10 +37,9 @@ def run(args: argparse.Namespace) -> int:
         ["GPU", provenance.gpu_name()],
     ]
     rows += [[f"package {name}", version] for name, version in sorted(pkgs.items())]
-    name = artifact_name(args, host_slug())
     write_measured(
         args,
-        artifact_id=f"environment/{name}",
+        artifact_id=f"environment/{host_slug()}",
         title=f"This project's environment: {info['model'] or 'unknown CPU'}",
         columns=[{"name": "item", "unit": None, "type": "text"}, {"name": "value", "unit": None, "type": "text"}],
         rows=rows,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_omni.bench.common import add_common, resolve_threads, set_threads, write_measured
+from vllm_omni.bench.common import add_common, add_name, resolve_threads, set_threads, write_measured
 from vllm_omni.bench.talker import (
     add_kv_cache_arg,
     add_model_args,
@@ -24,6 +24,7 @@ from vllm_omni.models.counts import predictor_pass_bytes, projection_bytes
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("frame", help="time whole frames: talker, sampler, predictor, bookkeeping; RTF")
     add_common(p)
+    add_name(p, "cpu-path", "frame-<impl>-<weights>-t<threads>[-<model>][-kv<cache>]")
     add_model_args(p)
     add_kv_cache_arg(p)
     p.add_argument("--cache", type=int, default=None, help="talker KV length before the first frame (default 256; --quick 8)")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 
 from vllm_omni.bench.common import (
-    BenchError, add_name, add_output, artifact_name, median, parse_list, thread_counts, time_calls, write_measured,
+    BenchError, add_name, add_output, median, parse_list, thread_counts, time_calls, write_measured,
 )
 from vllm_omni.bench.predictor import PASS_POSITION
 from vllm_omni.models import get_model
@@ -130,9 +130,8 @@ def run(args: argparse.Namespace) -> int:
     tcs = "-".join(str(t) for t in counts)
     write_measured(
         args,
-        artifact_id=("cpu-path/" + artifact_name(args, f"gemv-speed-t{tcs}"
-                                                  f"{'' if args.variant == 'native' else '-' + args.variant}")
-                     + ("-quick" if args.quick else "")),
+        artifact_id=(f"cpu-path/gemv-speed-t{tcs}{'' if args.variant == 'native' else '-' + args.variant}"
+                     f"{'-quick' if args.quick else ''}"),
         title="GEMV decode speed of packed weights by where they sit, against the read probe",
         columns=[
             {"name": "weights", "unit": None, "type": "text"},

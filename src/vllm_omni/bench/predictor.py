@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 
 from vllm_omni.bench.common import (
-    BenchError, WEIGHT_FORMATS, add_name, add_output, artifact_name, median, thread_counts, time_calls, write_measured,
+    BenchError, WEIGHT_FORMATS, add_name, add_output, median, thread_counts, time_calls, write_measured,
 )
 from vllm_omni.models import get_model, predictor_pass_bytes
 
@@ -195,9 +195,8 @@ def run(args: argparse.Namespace) -> int:
     tcs = "-".join(str(t) for t in counts)
     write_measured(
         args,
-        artifact_id=("cpu-path/" + artifact_name(args, f"predictor-{args.impl}-{args.weights}-t{tcs}{model}"
-                                                  f"{'' if args.variant == 'native' else '-' + args.variant}")
-                     + ("-quick" if args.quick else "")),
+        artifact_id=(f"cpu-path/predictor-{args.impl}-{args.weights}-t{tcs}{model}"
+                     f"{'' if args.variant == 'native' else '-' + args.variant}{'-quick' if args.quick else ''}"),
         title=f"Code predictor per pass and per frame vs the bandwidth floor ({args.model}, {args.weights})",
         columns=[
             {"name": "impl", "unit": None, "type": "text"},

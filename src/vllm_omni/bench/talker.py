@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from vllm_omni.bench.common import BenchError, add_common, median, resolve_threads, set_threads, time_calls, write_measured
+from vllm_omni.bench.common import (
+    BenchError, add_common, add_name, median, resolve_threads, set_threads, time_calls, write_measured,
+)
 from vllm_omni.models import get_model
 from vllm_omni.models.counts import layer_bytes, talker_frame_bytes
 
@@ -105,6 +107,7 @@ def ratio(measured: float, floor: float | None) -> float | None:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("talker", help="time one talker step (28 layers + codec head) at a KV length")
     add_common(p)
+    add_name(p, "cpu-path", "talker-<impl>-<weights>-t<threads>[-<model>][-kv<cache>]")
     add_model_args(p)
     add_kv_cache_arg(p)
     p.add_argument("--cache", type=int, default=None, help="KV length before the timed steps (default 256; --quick 16)")
