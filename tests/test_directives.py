@@ -24,6 +24,19 @@ def test_table_directive_renders_table_and_caption():
     assert "[`fixture/good`](../artifacts/fixture/good.md)" in out
 
 
+def test_caption_names_the_cpu_and_its_x86_identity(tmp_path):
+    """Two hosts a VM names alike ("AMD EPYC") are told apart under every table."""
+    from vllm_omni.results.render import caption
+
+    data = json.loads((Path(__file__).parent / "fixtures" / "good" / "good.json").read_text())
+    data["provenance"]["host"].update(cpu="AMD EPYC", cpu_id="family 23, model 1, stepping 2")
+    (tmp_path / "a.json").write_text(json.dumps(data))
+    assert "; AMD EPYC, family 23, model 1, stepping 2)" in caption(load_file(tmp_path / "a.json"))
+    data["provenance"]["host"].pop("cpu_id")
+    (tmp_path / "b.json").write_text(json.dumps(data))
+    assert "; AMD EPYC)" in caption(load_file(tmp_path / "b.json"))
+
+
 def test_column_selection():
     out = render('<!-- table: fixture/good columns="ms" -->')
     assert "| ms (ms) |" in out and "component" not in out.split("*")[0]
