@@ -71,6 +71,21 @@ def test_bench_name_picks_the_file_and_bad_names_are_refused_before_measuring(tm
     assert not (tmp_path / "never").exists()
 
 
+def test_env_default_name_tells_apart_hosts_with_one_model_name(monkeypatch):
+    """Two generations that a VM both calls "AMD EPYC" get different default environment files."""
+    from vllm_omni.bench import env
+
+    def host(cpu_id):
+        return {"model": "AMD EPYC", "flags": set(), "logical_cpus": 2, "cpu_id": cpu_id}
+
+    monkeypatch.setattr(env.provenance, "usable_cpus", lambda: 2)
+    names = set()
+    for cpu_id in ("family 23, model 1, stepping 2", "family 25, model 17, stepping 1", None):
+        monkeypatch.setattr(env.provenance, "cpuinfo", lambda c=cpu_id: host(c))
+        names.add(env.host_slug())
+    assert names == {"amd-epyc-f23m1-2c", "amd-epyc-f25m17-2c", "amd-epyc-2c"}
+
+
 def test_huge_arena_views_hold_the_same_values():
     """Packed matrices copied into the huge-page arena keep their bytes, dtypes and shapes."""
     import torch

@@ -10,16 +10,20 @@ from vllm_omni.results import provenance
 
 
 def host_slug() -> str:
-    """A stable name for this kind of host: CPU model and usable core count."""
-    model = provenance.cpuinfo()["model"] or "unknown-cpu"
-    model = re.sub(r"\(r\)|\(tm\)|processor|cpu @.*|\d+-core", "", model.lower())
+    """A stable name for this kind of host: CPU model, x86 family and model where known (a VM's
+    "AMD EPYC" covers several generations), and usable core count."""
+    info = provenance.cpuinfo()
+    model = re.sub(r"\(r\)|\(tm\)|processor|cpu @.*|\d+-core", "", (info["model"] or "unknown-cpu").lower())
     slug = re.sub(r"[^a-z0-9]+", "-", model).strip("-")
+    ident = re.match(r"family (\d+), model (\d+)", info["cpu_id"] or "")
+    if ident:
+        slug += f"-f{ident[1]}m{ident[2]}"
     return f"{slug}-{provenance.usable_cpus()}c"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("env", help="record this host's CPU, memory, ISA and package versions")
-    add_name(p, "environment", "CPU model + cores")
+    add_name(p, "environment", "CPU model, x86 family and model, cores")
     add_output(p)
     p.set_defaults(func=run)
 

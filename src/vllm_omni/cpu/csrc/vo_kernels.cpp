@@ -429,7 +429,7 @@ constexpr bool Q4_PAIRS = true;  // GEMVs walk int4 tiles in pairs (for_tile_pai
 // pairs stay in int16 across the 8 lines: each pair is at most 2 * 15 * 127 = 3810 in
 // magnitude, 8 of them 30480 < 32767.
 // f[2k + h][g & 1] += the scaled sums of group g (bytes x) for rows 8(2k + h) .. 8(2k + h) + 7.
-// Each group asks for the group Q4_AVX2_PREFETCH_GROUPS ahead of it in its tile (q4_prefetch).
+// Each group asks for the group Q4_PREFETCH_GROUPS ahead of it in its tile (q4_prefetch).
 inline void q4_group_avx2(const uint8_t* x, const Act& a, int64_t g, __m256 (*f)[2]) {
     q4_prefetch(x);
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
