@@ -71,8 +71,8 @@ def caption(artifact: Artifact, link: str | None = None) -> str:
     """One line under a table: title, origin, date and host, and a link to the artifact page."""
     prov = artifact.provenance
     where = prov["host"].get("cpu") or prov["host"].get("gpu")
-    if where and prov["host"].get("cpu") and prov["host"].get("cpu_id"):
-        where = f"{where}, {prov['host']['cpu_id']}"  # a VM's model name can cover several generations
+    if prov["host"].get("cpu") and prov["host"].get("cpu_id"):
+        where += f", {prov['host']['cpu_id']}"  # a VM's model name can cover several generations
     bits = [ORIGIN_LABELS[artifact.origin], prov["date"]]
     if where:
         bits.append(where)
