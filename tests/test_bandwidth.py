@@ -32,10 +32,10 @@ def test_working_set_probe_takes_part_in_best():
 
 
 def test_working_set_sweeps_are_each_sweep_of_the_probe():
-    from vllm_omni.cpu.bandwidth import working_set_read_sweeps
+    from vllm_omni.cpu.bandwidth import PROBE_STREAMS, working_set_read_sweeps
 
     sweeps = working_set_read_sweeps(1, 4 << 20, quick=True)
-    assert set(sweeps) == {1, 2}
+    assert set(sweeps) == set(PROBE_STREAMS) == {1, 2, 3, 4}
     for gbs in sweeps.values():
         assert len(gbs) == 64  # the quick mode's sweeps over a 4 MiB buffer, none left unfilled
         assert all(v > 0 for v in gbs)

@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
                "of one predictor pass, with the pass itself (FusedPredictor.pass_once at KV position 8, as "
                "vllm-omni-bench predictor times it) in the same rounds: 'GEMVs / pass' is the share of the pass "
                "its GEMVs take. 'read probe' = the best sweep of the native probe re-reading a buffer of the "
-               "set's size (1 or 2 streams per thread), the best of the rounds. 'plain reads median' = the "
+               "set's size (1 to 4 streams per thread), the best of the rounds. 'plain reads median' = the "
                "median sweep of vo_read_sweeps over the same set in the same rounds: the GEMVs' reads (same "
                "matrices, rows, thread shares, read streams and barriers) with each 64-byte line only added into "
                "an accumulator; 'GEMVs / plain reads' = GEMVs median over plain reads median, 1 where the GEMVs "

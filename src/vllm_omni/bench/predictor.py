@@ -239,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
                "to sweep), all probed before every round (each round's figures in provenance.run). 'pass / round "
                "floor' is the median over rounds of each round's pass median over the floor from the probes just "
                "before it; 'pass / stream floor' puts the pass median over the streaming floor alone. 'working-set "
-               "median' is the working-set probe's median sweep (the better of its 1 and 2 streams per thread; "
+               "median' is the working-set probe's median sweep (the best of its 1 to 4 streams per thread; "
                "median over rounds), and 'reads alone / floor' the floor's bandwidth over it: what a pass that did "
                "nothing but read its bytes, as fast as that median sweep, would score against the floor; 'pass / "
                "reads alone' is the pass median over the time of such a read. Passes are "

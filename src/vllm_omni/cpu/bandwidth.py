@@ -5,8 +5,11 @@ Streaming probes, the larger wins (a floor some engine beats would be a wrong fl
 - native: OpenMP threads each stream their own slice of a >= 1 GiB buffer with the widest
   vector loads the CPU has (``vo_read_bandwidth`` in ``csrc/vo_kernels.cpp``), pages first
   touched by their reader, best of several sweeps after a warm-up sweep, each thread reading
-  its slice as one stream and as two concurrent streams (a core can sustain more bandwidth with
-  two, and a kernel could read that way: the floor must allow for it);
+  its slice as one to four concurrent streams (``PROBE_STREAMS``: a core can sustain more
+  bandwidth with several, and a kernel could read that way, so the floor must allow for it; on
+  an AVX2-only development host one core read about a third faster as three streams than as
+  one, and the 1 GiB buffer as two or four streams, their starts a power of two apart, more
+  slowly than as one);
 - torch: a read-only ``sum`` over a float32 buffer of the same size with ``threads`` intra-op
   threads, best of several runs.
 
@@ -35,6 +38,7 @@ from vllm_omni.cpu import native
 from vllm_omni.cpu.hugepages import HUGE_PAGE, advise_huge, fresh_buffer
 
 GIB = 1 << 30
+PROBE_STREAMS = (1, 2, 3, 4)  # concurrent read streams per thread, each a candidate for the best
 
 
 def _sizes(quick: bool) -> tuple[int, int]:
@@ -57,7 +61,7 @@ def _best(sweeps: dict[int, list[float]]) -> float:
     return max(max(v) for v in sweeps.values())
 
 
-def native_read_bandwidth(threads: int, quick: bool = False, streams: tuple[int, ...] = (1, 2)) -> float:
+def native_read_bandwidth(threads: int, quick: bool = False, streams: tuple[int, ...] = PROBE_STREAMS) -> float:
     """Best GB/s of the native probe over ``streams`` concurrent read streams per thread."""
     nbytes, reps = _sizes(quick)
     return _best(_native_sweeps(nbytes, threads, reps, streams))
@@ -65,11 +69,11 @@ def native_read_bandwidth(threads: int, quick: bool = False, streams: tuple[int,
 
 def working_set_read_sweeps(threads: int, nbytes: int, quick: bool = False) -> dict[int, list[float]]:
     """GB/s of every sweep of the native probe re-reading one buffer of ``nbytes`` (to the
-    nearest 2 MiB), per stream count (1 and 2 per thread)."""
+    nearest 2 MiB), per stream count (``PROBE_STREAMS`` per thread)."""
     size = max(1, round(int(nbytes) / HUGE_PAGE)) * HUGE_PAGE
     # a small buffer takes little time per sweep: more sweeps, so one quiet one is among them
     reps = max(3, min(64, (GIB // 4) // size)) if quick else max(7, min(256, (4 * GIB) // size))
-    return _native_sweeps(size, threads, reps, (1, 2))
+    return _native_sweeps(size, threads, reps, PROBE_STREAMS)
 
 
 def working_set_read_bandwidth(threads: int, nbytes: int, quick: bool = False) -> float:
@@ -100,7 +104,7 @@ def torch_read_bandwidth(threads: int, quick: bool = False) -> float:
 def read_bandwidth_probes(threads: int, quick: bool = False, working_set: int | None = None) -> dict[str, float]:
     """{"native": GB/s, "torch": GB/s, "best": the largest} at ``threads`` threads; with
     ``working_set`` (bytes a pass reads), also "working_set": the best GB/s re-reading a buffer
-    that size, and "working_set_median": its median sweep (the better of its two stream counts).
+    that size, and "working_set_median": its median sweep (the best of its stream counts).
     The median is not a candidate for "best"; it says how fast a pass that only read its bytes
     would typically go, against a floor that takes the best sweep."""
     out = {"native": native_read_bandwidth(threads, quick), "torch": torch_read_bandwidth(threads, quick)}

@@ -35,6 +35,9 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define VO_AVX2 1
 #endif
+#if defined(VO_AVX2) && !defined(VO_AVX512VNNI)
+#define VO_AVX2_ONLY 1  // the AVX2 build, on a host without AVX-512 VNNI (or asked for, variant "avx2")
+#endif
 
 namespace {
 
@@ -263,32 +266,52 @@ inline float hsum256(__m256 t) {
 }
 #endif
 
-// fp32 row dot, 256-bit even where AVX-512 exists: on the development host (Zen 4, which splits
-// 512-bit operations in two) a 512-bit loop read fp32 weights about 20 % slower at 1 and 2
-// threads than this one (results/cpu-path/predictor-fused-fp32-t1-2-avx2.json).
-inline float dot_f32(const float* w, const float* a, int64_t n) {
+// fp32 row dots of N rows w[k] against one activation, 256-bit even where AVX-512 exists: on the
+// development host (Zen 4, which splits 512-bit operations in two) a 512-bit loop read fp32
+// weights about 20 % slower at 1 and 2 threads than this one
+// (results/cpu-path/predictor-fused-fp32-t1-2-avx2.json). The rows are read side by side, 128
+// bytes of each in turn, each summed exactly as a row on its own (N = 1, dot_f32), so that a
+// row's result does not depend on the rows beside it.
+template <int N>
+inline void dot_f32_rows(const float* const* w, const float* a, int64_t n, float* out) {
 #if defined(VO_AVX2)
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+    __m256 s[N][4];
+    for (auto& sk : s) sk[0] = sk[1] = sk[2] = sk[3] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(a + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(a + i + 8), s1);
-        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(a + i + 16), s2);
-        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(a + i + 24), s3);
+        const __m256 a0 = _mm256_loadu_ps(a + i), a1 = _mm256_loadu_ps(a + i + 8), a2 = _mm256_loadu_ps(a + i + 16),
+                     a3 = _mm256_loadu_ps(a + i + 24);
+        for (int k = 0; k < N; ++k) {
+            s[k][0] = _mm256_fmadd_ps(_mm256_loadu_ps(w[k] + i), a0, s[k][0]);
+            s[k][1] = _mm256_fmadd_ps(_mm256_loadu_ps(w[k] + i + 8), a1, s[k][1]);
+            s[k][2] = _mm256_fmadd_ps(_mm256_loadu_ps(w[k] + i + 16), a2, s[k][2]);
+            s[k][3] = _mm256_fmadd_ps(_mm256_loadu_ps(w[k] + i + 24), a3, s[k][3]);
+        }
     }
-    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(a + i), s0);
-    float s = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    for (; i < n; ++i) s += w[i] * a[i];
-    return s;
-#else
-    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; ++j) s[j] += w[i + j] * a[i + j];
-    float t = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-    for (; i < n; ++i) t += w[i] * a[i];
-    return t;
+        for (int k = 0; k < N; ++k) s[k][0] = _mm256_fmadd_ps(_mm256_loadu_ps(w[k] + i), _mm256_loadu_ps(a + i), s[k][0]);
+    for (int k = 0; k < N; ++k) {
+        float t = hsum256(_mm256_add_ps(_mm256_add_ps(s[k][0], s[k][1]), _mm256_add_ps(s[k][2], s[k][3])));
+        for (int64_t j = i; j < n; ++j) t += w[k][j] * a[j];
+        out[k] = t;
+    }
+#else
+    for (int k = 0; k < N; ++k) {
+        float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int j = 0; j < 8; ++j) s[j] += w[k][i + j] * a[i + j];
+        float t = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+        for (; i < n; ++i) t += w[k][i] * a[i];
+        out[k] = t;
+    }
 #endif
+}
+
+inline float dot_f32(const float* w, const float* a, int64_t n) {
+    float t;
+    dot_f32_rows<1>(&w, a, n, &t);
+    return t;
 }
 
 // q . row off of a KV cache (see kv_store)
@@ -344,7 +367,7 @@ inline int32_t act_word(const int8_t* p) {
 // decoded int4 tiles from memory at less than half its rate from its L2 cache, this made the
 // pass about a third faster at 1 and 2 threads (docs/analysis/cpu-kernels.md). The int4 plain
 // reads (tile_read2) make the same requests, so that they stay the GEMVs' reads.
-#if defined(VO_AVX2) && !defined(VO_AVX512VNNI)
+#if defined(VO_AVX2_ONLY)
 constexpr int64_t Q4_PREFETCH_GROUPS = 8;
 inline void q4_prefetch(const uint8_t* x) {
     for (int l = 0; l < 9; ++l) _mm_prefetch((const char*)x + Q4_PREFETCH_GROUPS * Q4_GROUP_BYTES + 64 * l, _MM_HINT_T0);
@@ -560,26 +583,44 @@ inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
 // The AVX2 form: each 64-byte line is two halves of 8 lanes. maddubs saturates at int16, too
 // narrow for q + 128, so the bytes go back to q and the sign moves onto the activation word,
 // which is broadcast once per line pair and serves the four 8-row parts.
-inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
+// f[k][g & 1] += the scaled sums of group g (bytes x) for rows 8k .. 8k + 7.
+inline void q8_group_avx2(const uint8_t* x, const Act& a, int64_t g, __m256 (*f)[2]) {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    const int8_t* q = a.q + g * 32;
+    __m256i s[4];  // rows 8k .. 8k + 7: 32-byte part k of each line pair (k / 2: the row half)
+    for (auto& sk : s) sk = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+        const __m256i aw = _mm256_set1_epi32(act_word(q + 4 * j));
+        for (int k = 0; k < 4; ++k) {
+            const __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(x + 128 * j + 32 * k)), flip);
+            s[k] = _mm256_add_epi32(s[k], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(aw, v)), ones));
+        }
+    }
+    const __m256 d = _mm256_set1_ps(a.d[g]);
+    for (int k = 0; k < 4; ++k) f[k][g & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[k]), d, f[k][g & 1]);
+}
+
+inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
     __m256 f[4][2];  // [rows 8k .. 8k + 7][group parity]
     for (auto& fk : f) fk[0] = fk[1] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < cols / 32; ++g) {
-        const uint8_t* x = w + g * Q8_GROUP_BYTES;
-        const int8_t* q = a.q + g * 32;
-        __m256i s[4];  // rows 8k .. 8k + 7: 32-byte part k of each line pair (k / 2: the row half)
-        for (auto& sk : s) sk = _mm256_setzero_si256();
-        for (int j = 0; j < 8; ++j) {
-            const __m256i aw = _mm256_set1_epi32(act_word(q + 4 * j));
-            for (int k = 0; k < 4; ++k) {
-                const __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(x + 128 * j + 32 * k)), flip);
-                s[k] = _mm256_add_epi32(s[k], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(aw, v)), ones));
-            }
-        }
-        const __m256 d = _mm256_set1_ps(a.d[g]);
-        for (int k = 0; k < 4; ++k) f[k][g & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[k]), d, f[k][g & 1]);
-    }
+    for (int64_t g = 0; g < cols / 32; ++g) q8_group_avx2(w + g * Q8_GROUP_BYTES, a, g, f);
     for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + 8 * k, _mm256_add_ps(f[k][0], f[k][1]));
+}
+
+// Two tiles side by side, group by group, as q4_tile2: for each tile the same sums, in the same
+// order, as q8_tile. On an AVX2-only development host (first-generation EPYC, family 23 model 1)
+// this made the int8 pass about 14 % faster at 1 and 2 threads (docs/analysis/cpu-kernels.md).
+inline void q8_tile2(const uint8_t* wa, const uint8_t* wb, const Act& a, int64_t cols, float* oa, float* ob) {
+    __m256 fa[4][2], fb[4][2];
+    for (int k = 0; k < 4; ++k) fa[k][0] = fa[k][1] = fb[k][0] = fb[k][1] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < cols / 32; ++g) {
+        q8_group_avx2(wa + g * Q8_GROUP_BYTES, a, g, fa);
+        q8_group_avx2(wb + g * Q8_GROUP_BYTES, a, g, fb);
+    }
+    for (int k = 0; k < 4; ++k) {
+        _mm256_storeu_ps(oa + 8 * k, _mm256_add_ps(fa[k][0], fa[k][1]));
+        _mm256_storeu_ps(ob + 8 * k, _mm256_add_ps(fb[k][0], fb[k][1]));
+    }
 }
 #else
 inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
@@ -599,6 +640,15 @@ inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
 }
 #endif
 
+#if defined(VO_AVX512VNNI) || !defined(VO_AVX2)
+// The AVX-512 and plain-C builds take the two int8 tiles one after the other: on the AVX-512
+// development host (Zen 4) int8 tiles read fastest one stream per core.
+inline void q8_tile2(const uint8_t* wa, const uint8_t* wb, const Act& a, int64_t cols, float* oa, float* ob) {
+    q8_tile(wa, a, cols, oa);
+    q8_tile(wb, a, cols, ob);
+}
+#endif
+
 // One output element of an fp32 matrix: row r of m times activation a.
 inline float row_dot(const VoMat& m, int64_t r, const Act& a) {
     return dot_f32((const float*)m.w + r * m.cols, a.f, m.cols);
@@ -607,6 +657,23 @@ inline float row_dot(const VoMat& m, int64_t r, const Act& a) {
 // Rows walked per step of a GEMV: int8 and int4 a tile of 32, fp32 one.
 constexpr int ROW_TILE = Q4_TILE;
 static_assert(Q8_TILE == ROW_TILE, "int8 and int4 tiles walk the same rows");
+template <int FMT>
+constexpr int TILE_ROWS = FMT == FMT_F32 ? 1 : ROW_TILE;
+
+// Whether the GEMVs in format FMT read two tiles (int8, int4) or rows (fp32) side by side, two
+// read streams per core (for_tile_pairs, tile_dot2): int4 wherever Q4_PAIRS; int8 and fp32 in
+// the AVX2-only build. On an AVX2-only development host (first-generation EPYC, family 23
+// model 1), one core read a buffer about a third faster as two or more streams than as one, and
+// pairs made the int8 pass about 14 % and the fp32 pass about 20 % faster at 1 thread; on the
+// AVX-512 one (Zen 4) int8 tiles read fastest one stream per core
+// (docs/analysis/cpu-kernels.md).
+template <int FMT>
+constexpr bool PAIRED = FMT == FMT_I4 ? Q4_PAIRS :
+#if defined(VO_AVX2_ONLY)
+                                      true;
+#else
+                                      false;
+#endif
 
 // out[i] = row r0 + i of m . a, for i < nr <= ROW_TILE (int8/int4: r0 is a tile's first row and
 // nr the whole tile), m in format FMT. A row's result does not depend on the tile it falls in,
@@ -621,6 +688,32 @@ inline void tile_dot(const VoMat& m, int64_t r0, int nr, const Act& a, float* ou
         for (int i = 0; i < nr; ++i) out[i] *= s[i];
     } else {
         for (int i = 0; i < nr; ++i) out[i] = row_dot(m, r0 + i, a);
+    }
+}
+
+// tile_dot for the tiles (int8, int4) or rows (fp32) at ra and rb into va and vb, read side by
+// side (q4_tile2, q8_tile2, dot_f32_rows) where the build pairs them, one after the other
+// elsewhere; every row's result is tile_dot's.
+template <int FMT>
+inline void tile_dot2(const VoMat& m, int64_t ra, int64_t rb, const Act& a, float* va, float* vb) {
+    if constexpr (FMT == FMT_I4) {
+        q4_tile2(q4_tile_at(m, ra), q4_tile_at(m, rb), a, m.cols, va, vb);
+    } else if constexpr (FMT == FMT_I8) {
+        q8_tile2(q8_tile_at(m, ra), q8_tile_at(m, rb), a, m.cols, va, vb);
+        const float* s = (const float*)m.s;
+        for (int i = 0; i < ROW_TILE; ++i) {
+            va[i] *= s[ra + i];
+            vb[i] *= s[rb + i];
+        }
+    } else if constexpr (PAIRED<FMT>) {
+        const float* w[2] = {(const float*)m.w + ra * m.cols, (const float*)m.w + rb * m.cols};
+        float v[2];
+        dot_f32_rows<2>(w, a.f, m.cols, v);
+        *va = v[0];
+        *vb = v[1];
+    } else {
+        *va = row_dot(m, ra, a);
+        *vb = row_dot(m, rb, a);
     }
 }
 
@@ -775,33 +868,33 @@ inline void for_tiles(int64_t rows, F&& f) {
 // f(r0, nr) over the rows of a GEMV in format FMT: int8 and int4 by tiles of 32 rows, fp32 by row.
 template <int FMT, class F>
 inline void for_gemv_rows(int64_t rows, F&& f) {
-    for_tiles<FMT == FMT_F32 ? 1 : ROW_TILE>(rows, f);
+    for_tiles<TILE_ROWS<FMT>>(rows, f);
 }
 
-// f2(ra, rb) over pairs of 32-row tiles and f1(r) over a tile left over, for rows a multiple of
-// 32: each thread takes a contiguous share of the tiles, as for_tiles does, and walks its two
-// halves side by side, the first tile of each half, then the second of each, ...; a barrier ends
-// the loop. With the tiles of a pair read group by group in turn (q4_tile2), a core reads two
-// streams at once, as the read probe may: on the development host (Zen 4) that made the int4
-// pass about 3 % faster at 1 thread and up to 5 % at 2, where pairs of adjacent tiles made it
-// a fifth slower (docs/analysis/cpu-kernels.md).
-template <class F2, class F1>
+// f2(ra, rb) over pairs of tiles of TILE rows and f1(r) over a tile left over, for rows a
+// multiple of TILE: each thread takes a contiguous share of the tiles, as for_tiles does, and
+// walks its two halves side by side, the first tile of each half, then the second of each, ...;
+// a barrier ends the loop. With the tiles of a pair read group by group in turn (q4_tile2), a
+// core reads two streams at once, as the read probe may: on the development host (Zen 4) that
+// made the int4 pass about 3 % faster at 1 thread and up to 5 % at 2, where pairs of adjacent
+// tiles made it a fifth slower (docs/analysis/cpu-kernels.md).
+template <int TILE, class F2, class F1>
 inline void for_tile_pairs(int64_t rows, F2&& f2, F1&& f1) {
     const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    const int64_t tiles = rows / ROW_TILE, lo = tiles * id / nt, n = tiles * (id + 1) / nt - lo, half = (n + 1) / 2;
-    for (int64_t i = 0; i < n - half; ++i) f2((lo + i) * ROW_TILE, (lo + half + i) * ROW_TILE);
-    if (n % 2) f1((lo + half - 1) * ROW_TILE);
+    const int64_t tiles = rows / TILE, lo = tiles * id / nt, n = tiles * (id + 1) / nt - lo, half = (n + 1) / 2;
+    for (int64_t i = 0; i < n - half; ++i) f2((lo + i) * TILE, (lo + half + i) * TILE);
+    if (n % 2) f1((lo + half - 1) * TILE);
 #pragma omp barrier
 }
 
-// The walk of a GEMV's rows in format FMT, split across the team; ends in a barrier. int4 in
-// pairs of tiles, pair(ra, rb), and tile(r0, 32) for a tile left over (for_tile_pairs), where
-// Q4_PAIRS; otherwise tile(r0, nr) by tiles (int8, int4) or rows (fp32), each thread's share in
-// order (for_gemv_rows). The GEMVs and their plain reads (read_rows) both walk this way.
+// The walk of a GEMV's rows in format FMT, split across the team; ends in a barrier. Where
+// PAIRED<FMT>, in pairs of tiles (int8, int4) or rows (fp32), pair(ra, rb), and tile(r0, nr) for
+// one left over (for_tile_pairs); otherwise tile(r0, nr) by tiles or rows, each thread's share
+// in order (for_gemv_rows). The GEMVs and their plain reads (read_rows) both walk this way.
 template <int FMT, class Pair, class Tile>
 inline void walk_rows(int64_t rows, Pair&& pair, Tile&& tile) {
-    if constexpr (FMT == FMT_I4 && Q4_PAIRS)
-        for_tile_pairs(rows, pair, [&](int64_t r0) { tile(r0, ROW_TILE); });
+    if constexpr (PAIRED<FMT>)
+        for_tile_pairs<TILE_ROWS<FMT>>(rows, pair, [&](int64_t r0) { tile(r0, TILE_ROWS<FMT>); });
     else
         for_gemv_rows<FMT>(rows, tile);
 }
@@ -815,11 +908,12 @@ inline void gemv_rows(int fmt, const VoMat& m, const Act* act, int T, Emit&& emi
         walk_rows<FMT>(
             m.rows,
             [&](int64_t ra, int64_t rb) {
-                float va[ROW_TILE], vb[ROW_TILE];
+                constexpr int NR = TILE_ROWS<FMT>;
+                float va[NR], vb[NR];
                 for (int t = 0; t < T; ++t) {
-                    q4_tile2(q4_tile_at(m, ra), q4_tile_at(m, rb), act[t], m.cols, va, vb);
-                    emit(t, ra, ROW_TILE, va);
-                    emit(t, rb, ROW_TILE, vb);
+                    tile_dot2<FMT>(m, ra, rb, act[t], va, vb);
+                    emit(t, ra, NR, va);
+                    emit(t, rb, NR, vb);
                 }
             },
             [&](int64_t r0, int nr) {
@@ -840,20 +934,16 @@ inline void gemv(int fmt, const VoMat& m, Work& W, int T, float* out, int64_t ou
     });
 }
 
-// h[t, r] = silu(gate_r . a_t) * (up_r . a_t) for r in [0, I). In int4 a gate tile and its up
-// tile are read side by side (q4_tile2): two streams, as for_tile_pairs walks other matrices.
+// h[t, r] = silu(gate_r . a_t) * (up_r . a_t) for r in [0, I). A gate tile (or fp32 row) and
+// its up tile are read side by side where the build pairs the format (tile_dot2): two streams,
+// as for_tile_pairs walks other matrices.
 inline void gemv_swiglu(int fmt, const VoMat& m, int64_t I, Work& W, int T, float* out, int64_t out_stride) {
     with_fmt(fmt, [&](auto F) {
         constexpr int FMT = decltype(F)::value;
         for_gemv_rows<FMT>(I, [&](int64_t r0, int nr) {
             for (int t = 0; t < T; ++t) {
                 float g[ROW_TILE], u[ROW_TILE];
-                if constexpr (FMT == FMT_I4) {
-                    q4_tile2(q4_tile_at(m, r0), q4_tile_at(m, r0 + I), W.act[t], m.cols, g, u);
-                } else {
-                    tile_dot<FMT>(m, r0, nr, W.act[t], g);
-                    tile_dot<FMT>(m, r0 + I, nr, W.act[t], u);
-                }
+                tile_dot2<FMT>(m, r0, r0 + I, W.act[t], g, u);
                 swiglu(g, u, out + t * out_stride + r0, nr);
             }
         });
@@ -1410,24 +1500,31 @@ inline void tile_read(int fmt, const VoMat& m, int64_t r0, int nr, vline& a, vli
         for (int k = 0; k < nr; ++k) scalars += ((const int32_t*)m.s)[r0 + k];
 }
 
-// tile_read over a pair of int4 tiles, a group (576 bytes) of each in turn, with the same
-// prefetches, as q4_tile2 reads them.
-inline void tile_read2(const VoMat& m, int64_t ra, int64_t rb, vline& a, vline& b) {
-    const char* pa = (const char*)q4_tile_at(m, ra);
-    const char* pb = (const char*)q4_tile_at(m, rb);
-    for (int64_t g = 0; g < m.cols / 32; ++g) {
-        q4_prefetch((const uint8_t*)pa + g * Q4_GROUP_BYTES);
-        read_span(pa + g * Q4_GROUP_BYTES, Q4_GROUP_BYTES, a, b);
-        q4_prefetch((const uint8_t*)pb + g * Q4_GROUP_BYTES);
-        read_span(pb + g * Q4_GROUP_BYTES, Q4_GROUP_BYTES, a, b);
+// tile_read over a pair of tiles (int8, int4) or rows (fp32) as tile_dot2 reads them where the
+// build pairs them: a group of each tile in turn (1024 or 576 bytes, int4 with the same
+// prefetches), 128 bytes of each row in turn.
+inline void tile_read2(int fmt, const VoMat& m, int64_t ra, int64_t rb, vline& a, vline& b, int64_t& scalars) {
+    const bool i4 = fmt == FMT_I4;
+    const int64_t row = m.cols * 4, step = fmt == FMT_F32 ? 128 : i4 ? Q4_GROUP_BYTES : Q8_GROUP_BYTES;
+    const char* pa = fmt == FMT_F32 ? (const char*)m.w + ra * row : i4 ? (const char*)q4_tile_at(m, ra) : (const char*)q8_tile_at(m, ra);
+    const char* pb = fmt == FMT_F32 ? (const char*)m.w + rb * row : i4 ? (const char*)q4_tile_at(m, rb) : (const char*)q8_tile_at(m, rb);
+    const int64_t n = fmt == FMT_F32 ? row : i4 ? q4_tile_bytes(m.cols) : m.cols * ROW_TILE;
+    for (int64_t i = 0; i < n; i += step) {
+        const int64_t len = std::min(step, n - i);
+        if (i4) q4_prefetch((const uint8_t*)pa + i);
+        read_span(pa + i, len, a, b);
+        if (i4) q4_prefetch((const uint8_t*)pb + i);
+        read_span(pb + i, len, a, b);
     }
+    if (fmt == FMT_I8)
+        for (int k = 0; k < ROW_TILE; ++k) scalars += ((const int32_t*)m.s)[ra + k] + ((const int32_t*)m.s)[rb + k];
 }
 
 // The reads of gemv_rows over m for one token, in its walk (walk_rows; ends in a barrier).
 inline void read_rows(int fmt, const VoMat& m, vline& a, vline& b, int64_t& scalars) {
     with_fmt(fmt, [&](auto F) {
         walk_rows<decltype(F)::value>(
-            m.rows, [&](int64_t ra, int64_t rb) { tile_read2(m, ra, rb, a, b); },
+            m.rows, [&](int64_t ra, int64_t rb) { tile_read2(fmt, m, ra, rb, a, b, scalars); },
             [&](int64_t r0, int nr) { tile_read(fmt, m, r0, nr, a, b, scalars); });
     });
 }
