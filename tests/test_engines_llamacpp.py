@@ -245,8 +245,8 @@ def test_quick_benchmark_writes_an_artifact(tmp_path):
     from vllm_omni.bench.cli import main
     from vllm_omni.results.schema import load_file
 
-    assert main(["llamacpp", "--quick", "--threads", "1", "--output", str(tmp_path)]) == 0
-    path = tmp_path / "engines" / "llamacpp-predictor-t1-quick.json"
+    assert main(["llamacpp", "--quick", "--threads", "1", "--suffix", "other-host", "--output", str(tmp_path)]) == 0
+    path = tmp_path / "engines" / "llamacpp-predictor-t1-other-host-quick.json"  # --suffix: a second host's run
     a = load_file(path)
     assert a.origin == "measured"
     assert a.provenance["builds"]["llama.cpp"]
@@ -261,6 +261,9 @@ def test_bench_rejects_bad_lists(tmp_path):
 
     assert main(["llamacpp", "--formats", "fp8", "--output", str(tmp_path)]) == 2
     assert main(["llamacpp", "--parts", "vocoder", "--output", str(tmp_path)]) == 2
+    with pytest.raises(SystemExit) as info:  # a bad tag never starts a run
+        main(["llamacpp", "--suffix", "Other/Host", "--output", str(tmp_path)])
+    assert info.value.code == 2
 
 
 def test_ratio_by_round_is_not_tilted_by_a_change_of_period():

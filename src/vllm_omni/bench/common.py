@@ -46,6 +46,13 @@ def add_name(parser: argparse.ArgumentParser, folder: str, default: str) -> None
                         help=f"artifact name under results/{folder}/ (default: {default})")
 
 
+def add_suffix(parser: argparse.ArgumentParser, what: str) -> None:
+    """--suffix: a tag put after the name of every artifact a bench writes (for a bench that writes
+    several, where one --name cannot pick them all), e.g. the host's. Checked as --name is."""
+    parser.add_argument("--suffix", type=_artifact_file_name, default=None,
+                        help=f"a tag appended, after a '-', to {what} (e.g. a host's)")
+
+
 def add_common(parser: argparse.ArgumentParser, *, weights: bool = True, impl: bool = True) -> None:
     """--threads, --weights, --impl, --quick, --seed and --output, with the project's defaults."""
     parser.add_argument("--threads", type=int, default=None, help="torch/OpenMP threads (default: all usable cores)")

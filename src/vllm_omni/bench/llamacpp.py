@@ -31,7 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from vllm_omni.bench.common import BenchError, add_output, median, parse_list, thread_counts, time_calls, write_measured
+from vllm_omni.bench.common import (BenchError, add_output, add_suffix, median, parse_list, thread_counts, time_calls,
+                                    write_measured)
 from vllm_omni.bench.predictor import PASS_POSITION
 from vllm_omni.models import get_model
 
@@ -65,6 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true",
                    help="one predictor layer, int4 only, few repetitions: for doctests, not for figures")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    add_suffix(p, "each artifact's name, llamacpp-<part>-t<thread counts>[-<model>]")
     add_output(p)
     p.set_defaults(func=run)
 
@@ -319,7 +321,8 @@ def run(args: argparse.Namespace) -> int:
         "rounds": rounds, "repeats_per_round": repeats,
     }
     tcs = "-".join(str(t) for t in counts)
-    suffix = ("" if args.model == "0.6B" else f"-{args.model.lower()}") + ("-quick" if args.quick else "")
+    suffix = "".join(("" if args.model == "0.6B" else f"-{args.model.lower()}", f"-{args.suffix}" if args.suffix else "",
+                      "-quick" if args.quick else ""))
     quick_note = (" Quick mode: shallow stacks and few repetitions, for doctests only, not a figure."
                   if args.quick else "")
     same_weights = ("Random weights of the published shapes, identical in both engines (written as GGUF by "
