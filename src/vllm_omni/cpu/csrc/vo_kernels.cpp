@@ -366,7 +366,7 @@ inline int32_t act_word(const int8_t* p) {
 // streams; on an AVX2-only one (first-generation EPYC, family 23 model 1), where one core
 // decoded int4 tiles from memory at less than half its rate from its L2 cache, this made the
 // pass about a third faster at 1 and 2 threads (docs/analysis/cpu-kernels.md). The int4 plain
-// reads (tile_read2) make the same requests, so that they stay the GEMVs' reads.
+// reads (tiles_read) make the same requests, so that they stay the GEMVs' reads.
 #if defined(VO_AVX2_ONLY)
 constexpr int64_t Q4_PREFETCH_GROUPS = 8;
 inline void q4_prefetch(const uint8_t* x) {
@@ -430,7 +430,7 @@ inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
     tile_by_groups<Q4_GROUP_BYTES>(w, a, cols, out, [](auto&&... args) { q4_group32(std::forward<decltype(args)>(args)...); });
 }
 
-// Two tiles side by side, group by group (two read streams, see for_tile_pairs): for each tile
+// Two tiles side by side, group by group (two read streams, see for_tile_streams): for each tile
 // the same sums, in the same order, as q4_tile.
 inline void q4_tile2(const uint8_t* wa, const uint8_t* wb, const Act& a, int64_t cols, float* oa, float* ob) {
     __m512 la0 = _mm512_setzero_ps(), la1 = la0, ha0 = la0, ha1 = la0, lb0 = la0, lb1 = la0, hb0 = la0, hb1 = la0;
@@ -445,7 +445,7 @@ inline void q4_tile2(const uint8_t* wa, const uint8_t* wb, const Act& a, int64_t
     _mm512_storeu_ps(ob, _mm512_add_ps(lb0, lb1));
     _mm512_storeu_ps(ob + 16, _mm512_add_ps(hb0, hb1));
 }
-constexpr bool Q4_PAIRS = true;  // GEMVs walk int4 tiles in pairs (for_tile_pairs)
+constexpr bool Q4_PAIRS = true;  // GEMVs walk int4 tiles in pairs (for_tile_streams)
 #elif defined(VO_AVX2)
 // The AVX2 form: each 64-byte line is two halves of 8 lanes, and each half's low and high
 // nibbles are masked apart (maddubs saturates at int16, too narrow for whole bytes). maddubs
@@ -660,19 +660,19 @@ static_assert(Q8_TILE == ROW_TILE, "int8 and int4 tiles walk the same rows");
 template <int FMT>
 constexpr int TILE_ROWS = FMT == FMT_F32 ? 1 : ROW_TILE;
 
-// Whether the GEMVs in format FMT read two tiles (int8, int4) or rows (fp32) side by side, two
-// read streams per core (for_tile_pairs, tile_dot2): int4 wherever Q4_PAIRS; int8 and fp32 in
-// the AVX2-only build. On an AVX2-only development host (first-generation EPYC, family 23
-// model 1), one core read a buffer about a third faster as two or more streams than as one, and
-// pairs made the int8 pass about 14 % and the fp32 pass about 20 % faster at 1 thread; on the
-// AVX-512 one (Zen 4) int8 tiles read fastest one stream per core
-// (docs/analysis/cpu-kernels.md).
+// How many tiles (int8, int4) or rows (fp32) the GEMVs in format FMT read side by side, one read
+// stream each (for_tile_streams, tiles_dot): two int4 tiles wherever Q4_PAIRS; in the AVX2-only
+// build two int8 tiles and four fp32 rows; one elsewhere. On an AVX2-only development host
+// (first-generation EPYC, family 23 model 1), one core read a buffer about a third faster as
+// three or four streams than as one; pairs made the int8 pass about 14 % and the fp32 pass
+// about 20 % faster at 1 thread, and four fp32 rows a few percent more; on the AVX-512 one
+// (Zen 4) int8 tiles read fastest one stream per core (docs/analysis/cpu-kernels.md).
 template <int FMT>
-constexpr bool PAIRED = FMT == FMT_I4 ? Q4_PAIRS :
+constexpr int STREAMS = FMT == FMT_I4 ? (Q4_PAIRS ? 2 : 1) :
 #if defined(VO_AVX2_ONLY)
-                                      true;
+                                      FMT == FMT_F32 ? 4 : 2;
 #else
-                                      false;
+                                      1;
 #endif
 
 // out[i] = row r0 + i of m . a, for i < nr <= ROW_TILE (int8/int4: r0 is a tile's first row and
@@ -691,29 +691,29 @@ inline void tile_dot(const VoMat& m, int64_t r0, int nr, const Act& a, float* ou
     }
 }
 
-// tile_dot for the tiles (int8, int4) or rows (fp32) at ra and rb into va and vb, read side by
-// side (q4_tile2, q8_tile2, dot_f32_rows) where the build pairs them, one after the other
-// elsewhere; every row's result is tile_dot's.
-template <int FMT>
-inline void tile_dot2(const VoMat& m, int64_t ra, int64_t rb, const Act& a, float* va, float* vb) {
-    if constexpr (FMT == FMT_I4) {
-        q4_tile2(q4_tile_at(m, ra), q4_tile_at(m, rb), a, m.cols, va, vb);
+// tile_dot for the N tiles (int8, int4: N <= 2) or rows (fp32) at r[0..N) into v[0..N), read
+// side by side (q4_tile2, q8_tile2, dot_f32_rows) where the build reads the format in several
+// streams, one after the other elsewhere; every row's result is tile_dot's.
+template <int FMT, int N>
+inline void tiles_dot(const VoMat& m, const int64_t* r, const Act& a, float (*v)[TILE_ROWS<FMT>]) {
+    static_assert(FMT == FMT_F32 || N <= 2, "int8 and int4 tiles are read one or two at a time");
+    if constexpr (N == 1) {
+        tile_dot<FMT>(m, r[0], TILE_ROWS<FMT>, a, v[0]);
+    } else if constexpr (FMT == FMT_I4) {
+        q4_tile2(q4_tile_at(m, r[0]), q4_tile_at(m, r[1]), a, m.cols, v[0], v[1]);
     } else if constexpr (FMT == FMT_I8) {
-        q8_tile2(q8_tile_at(m, ra), q8_tile_at(m, rb), a, m.cols, va, vb);
+        q8_tile2(q8_tile_at(m, r[0]), q8_tile_at(m, r[1]), a, m.cols, v[0], v[1]);
         const float* s = (const float*)m.s;
-        for (int i = 0; i < ROW_TILE; ++i) {
-            va[i] *= s[ra + i];
-            vb[i] *= s[rb + i];
-        }
-    } else if constexpr (PAIRED<FMT>) {
-        const float* w[2] = {(const float*)m.w + ra * m.cols, (const float*)m.w + rb * m.cols};
-        float v[2];
-        dot_f32_rows<2>(w, a.f, m.cols, v);
-        *va = v[0];
-        *vb = v[1];
+        for (int k = 0; k < N; ++k)
+            for (int i = 0; i < ROW_TILE; ++i) v[k][i] *= s[r[k] + i];
+    } else if constexpr (STREAMS<FMT> > 1) {
+        const float* w[N];
+        float out[N];
+        for (int k = 0; k < N; ++k) w[k] = (const float*)m.w + r[k] * m.cols;
+        dot_f32_rows<N>(w, a.f, m.cols, out);
+        for (int k = 0; k < N; ++k) v[k][0] = out[k];
     } else {
-        *va = row_dot(m, ra, a);
-        *vb = row_dot(m, rb, a);
+        for (int k = 0; k < N; ++k) v[k][0] = row_dot(m, r[k], a);
     }
 }
 
@@ -871,30 +871,39 @@ inline void for_gemv_rows(int64_t rows, F&& f) {
     for_tiles<TILE_ROWS<FMT>>(rows, f);
 }
 
-// f2(ra, rb) over pairs of tiles of TILE rows and f1(r) over a tile left over, for rows a
-// multiple of TILE: each thread takes a contiguous share of the tiles, as for_tiles does, and
-// walks its two halves side by side, the first tile of each half, then the second of each, ...;
-// a barrier ends the loop. With the tiles of a pair read group by group in turn (q4_tile2), a
-// core reads two streams at once, as the read probe may: on the development host (Zen 4) that
-// made the int4 pass about 3 % faster at 1 thread and up to 5 % at 2, where pairs of adjacent
-// tiles made it a fifth slower (docs/analysis/cpu-kernels.md).
-template <int TILE, class F2, class F1>
-inline void for_tile_pairs(int64_t rows, F2&& f2, F1&& f1) {
+// fn(r) over groups of N tiles of TILE rows, r[0..N) their first rows, and f1(r0) over tiles left
+// over, for rows a multiple of TILE: each thread takes a contiguous share of the tiles, as
+// for_tiles does, cuts it into N parts of equal length (the last one shorter) and walks them
+// side by side, the first tile of each part, then the second of each, ...; a barrier ends the
+// loop. With the tiles of a group read a little of each in turn (q4_tile2), a core reads N
+// streams at once, as the read probe may: on the development host (Zen 4) two made the int4
+// pass about 3 % faster at 1 thread and up to 5 % at 2, where pairs of adjacent tiles made it
+// a fifth slower (docs/analysis/cpu-kernels.md).
+template <int TILE, int N, class FN, class F1>
+inline void for_tile_streams(int64_t rows, FN&& fn, F1&& f1) {
     const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    const int64_t tiles = rows / TILE, lo = tiles * id / nt, n = tiles * (id + 1) / nt - lo, half = (n + 1) / 2;
-    for (int64_t i = 0; i < n - half; ++i) f2((lo + i) * TILE, (lo + half + i) * TILE);
-    if (n % 2) f1((lo + half - 1) * TILE);
+    const int64_t tiles = rows / TILE, lo = tiles * id / nt, n = tiles * (id + 1) / nt - lo, len = (n + N - 1) / N;
+    for (int64_t i = 0; i < len; ++i) {
+        int64_t r[N];
+        int k = 0;
+        for (; k < N && k * len + i < n; ++k) r[k] = (lo + k * len + i) * TILE;
+        if (k == N)
+            fn(r);
+        else
+            for (int j = 0; j < k; ++j) f1(r[j]);
+    }
 #pragma omp barrier
 }
 
 // The walk of a GEMV's rows in format FMT, split across the team; ends in a barrier. Where
-// PAIRED<FMT>, in pairs of tiles (int8, int4) or rows (fp32), pair(ra, rb), and tile(r0, nr) for
-// one left over (for_tile_pairs); otherwise tile(r0, nr) by tiles or rows, each thread's share
-// in order (for_gemv_rows). The GEMVs and their plain reads (read_rows) both walk this way.
-template <int FMT, class Pair, class Tile>
-inline void walk_rows(int64_t rows, Pair&& pair, Tile&& tile) {
-    if constexpr (PAIRED<FMT>)
-        for_tile_pairs<TILE_ROWS<FMT>>(rows, pair, [&](int64_t r0) { tile(r0, TILE_ROWS<FMT>); });
+// STREAMS<FMT> > 1, in groups of that many tiles (int8, int4) or rows (fp32), group(r) with r
+// their first rows, and tile(r0, nr) for one left over (for_tile_streams); otherwise
+// tile(r0, nr) by tiles or rows, each thread's share in order (for_gemv_rows). The GEMVs and
+// their plain reads (read_rows) both walk this way.
+template <int FMT, class Group, class Tile>
+inline void walk_rows(int64_t rows, Group&& group, Tile&& tile) {
+    if constexpr (STREAMS<FMT> > 1)
+        for_tile_streams<TILE_ROWS<FMT>, STREAMS<FMT>>(rows, group, [&](int64_t r0) { tile(r0, TILE_ROWS<FMT>); });
     else
         for_gemv_rows<FMT>(rows, tile);
 }
@@ -907,13 +916,12 @@ inline void gemv_rows(int fmt, const VoMat& m, const Act* act, int T, Emit&& emi
         constexpr int FMT = decltype(F)::value;
         walk_rows<FMT>(
             m.rows,
-            [&](int64_t ra, int64_t rb) {
-                constexpr int NR = TILE_ROWS<FMT>;
-                float va[NR], vb[NR];
+            [&](const int64_t* r) {
+                constexpr int N = STREAMS<FMT>, NR = TILE_ROWS<FMT>;
+                float v[N][NR];
                 for (int t = 0; t < T; ++t) {
-                    tile_dot2<FMT>(m, ra, rb, act[t], va, vb);
-                    emit(t, ra, NR, va);
-                    emit(t, rb, NR, vb);
+                    tiles_dot<FMT, N>(m, r, act[t], v);
+                    for (int k = 0; k < N; ++k) emit(t, r[k], NR, v[k]);
                 }
             },
             [&](int64_t r0, int nr) {
@@ -935,16 +943,17 @@ inline void gemv(int fmt, const VoMat& m, Work& W, int T, float* out, int64_t ou
 }
 
 // h[t, r] = silu(gate_r . a_t) * (up_r . a_t) for r in [0, I). A gate tile (or fp32 row) and
-// its up tile are read side by side where the build pairs the format (tile_dot2): two streams,
-// as for_tile_pairs walks other matrices.
+// its up tile are read side by side where the build reads the format in several streams
+// (tiles_dot): two streams, as for_tile_streams walks other matrices.
 inline void gemv_swiglu(int fmt, const VoMat& m, int64_t I, Work& W, int T, float* out, int64_t out_stride) {
     with_fmt(fmt, [&](auto F) {
         constexpr int FMT = decltype(F)::value;
         for_gemv_rows<FMT>(I, [&](int64_t r0, int nr) {
             for (int t = 0; t < T; ++t) {
-                float g[ROW_TILE], u[ROW_TILE];
-                tile_dot2<FMT>(m, r0, r0 + I, W.act[t], g, u);
-                swiglu(g, u, out + t * out_stride + r0, nr);
+                const int64_t r[2] = {r0, r0 + I};
+                float gu[2][TILE_ROWS<FMT>];
+                tiles_dot<FMT, 2>(m, r, W.act[t], gu);
+                swiglu(gu[0], gu[1], out + t * out_stride + r0, nr);
             }
         });
     });
@@ -1500,31 +1509,34 @@ inline void tile_read(int fmt, const VoMat& m, int64_t r0, int nr, vline& a, vli
         for (int k = 0; k < nr; ++k) scalars += ((const int32_t*)m.s)[r0 + k];
 }
 
-// tile_read over a pair of tiles (int8, int4) or rows (fp32) as tile_dot2 reads them where the
-// build pairs them: a group of each tile in turn (1024 or 576 bytes, int4 with the same
-// prefetches), 128 bytes of each row in turn.
-inline void tile_read2(int fmt, const VoMat& m, int64_t ra, int64_t rb, vline& a, vline& b, int64_t& scalars) {
+// tile_read over n tiles (int8, int4) or rows (fp32) at r[0..n) as tiles_dot reads them where the
+// build reads the format in several streams: a group of each tile in turn (1024 or 576 bytes,
+// int4 with the same prefetches), 128 bytes of each row in turn.
+inline void tiles_read(int fmt, const VoMat& m, const int64_t* r, int n, vline& a, vline& b, int64_t& scalars) {
     const bool i4 = fmt == FMT_I4;
     const int64_t row = m.cols * 4, step = fmt == FMT_F32 ? 128 : i4 ? Q4_GROUP_BYTES : Q8_GROUP_BYTES;
-    const char* pa = fmt == FMT_F32 ? (const char*)m.w + ra * row : i4 ? (const char*)q4_tile_at(m, ra) : (const char*)q8_tile_at(m, ra);
-    const char* pb = fmt == FMT_F32 ? (const char*)m.w + rb * row : i4 ? (const char*)q4_tile_at(m, rb) : (const char*)q8_tile_at(m, rb);
-    const int64_t n = fmt == FMT_F32 ? row : i4 ? q4_tile_bytes(m.cols) : m.cols * ROW_TILE;
-    for (int64_t i = 0; i < n; i += step) {
-        const int64_t len = std::min(step, n - i);
-        if (i4) q4_prefetch((const uint8_t*)pa + i);
-        read_span(pa + i, len, a, b);
-        if (i4) q4_prefetch((const uint8_t*)pb + i);
-        read_span(pb + i, len, a, b);
-    }
+    const int64_t bytes = fmt == FMT_F32 ? row : i4 ? q4_tile_bytes(m.cols) : m.cols * ROW_TILE;
+    auto at = [&](int64_t r0) {
+        return fmt == FMT_F32 ? (const char*)m.w + r0 * row
+               : i4           ? (const char*)q4_tile_at(m, r0)
+                              : (const char*)q8_tile_at(m, r0);
+    };
+    for (int64_t i = 0; i < bytes; i += step)
+        for (int k = 0; k < n; ++k) {
+            const char* p = at(r[k]) + i;
+            if (i4) q4_prefetch((const uint8_t*)p);
+            read_span(p, std::min(step, bytes - i), a, b);
+        }
     if (fmt == FMT_I8)
-        for (int k = 0; k < ROW_TILE; ++k) scalars += ((const int32_t*)m.s)[ra + k] + ((const int32_t*)m.s)[rb + k];
+        for (int k = 0; k < n; ++k)
+            for (int j = 0; j < ROW_TILE; ++j) scalars += ((const int32_t*)m.s)[r[k] + j];
 }
 
 // The reads of gemv_rows over m for one token, in its walk (walk_rows; ends in a barrier).
 inline void read_rows(int fmt, const VoMat& m, vline& a, vline& b, int64_t& scalars) {
     with_fmt(fmt, [&](auto F) {
         walk_rows<decltype(F)::value>(
-            m.rows, [&](int64_t ra, int64_t rb) { tile_read2(fmt, m, ra, rb, a, b, scalars); },
+            m.rows, [&](const int64_t* r) { tiles_read(fmt, m, r, STREAMS<decltype(F)::value>, a, b, scalars); },
             [&](int64_t r0, int nr) { tile_read(fmt, m, r0, nr, a, b, scalars); });
     });
 }
