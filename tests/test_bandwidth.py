@@ -62,7 +62,7 @@ def test_bench_name_picks_the_file_and_bad_names_are_refused_before_measuring(tm
     assert data["id"] == "cpu-path/bw-other-host-quick"
     cpu_id = data["provenance"]["host"]["cpu_id"]
     assert cpu_id is None or re.fullmatch(r"family \d+, model \d+(, stepping \d+)?", cpu_id)
-    for command in ("bandwidth", "env", "predictor", "gemv", "talker", "frame"):
+    for command in ("bandwidth", "env", "predictor", "gemv", "talker", "frame", "engines"):
         for bad in ("Upper", "a/b", "-lead", ""):
             with pytest.raises(SystemExit) as info:
                 main([command, f"--name={bad}", "--output", str(tmp_path / "never")])

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_omni.bench.common import (BenchError, add_output, median, parse_list, resolve_threads, time_calls,
+from vllm_omni.bench.common import (BenchError, add_name, add_output, median, parse_list, resolve_threads, time_calls,
                                     write_measured)
 from vllm_omni.bench.predictor import PASS_POSITION
 from vllm_omni.models import get_model, predictor_pass_bytes
@@ -64,6 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="where exported and converted models go (default: a temporary folder, removed afterwards)")
     p.add_argument("--quick", action="store_true", help="one block, few repetitions: for doctests, not for figures")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    add_name(p, "engines", "cross-engine-t<threads>[-l<layers>]")
     add_output(p)
     p.set_defaults(func=run)
 
