@@ -855,7 +855,8 @@ enum OutMode { OUT_STORE = 0, OUT_ADD = 1 };
 // ends the loop, as `omp for`. TILE is a compile-time constant so that the one-row case
 // compiles to a plain row loop. Rows walked one at a time, int8 rows gained 10-15 % on one core
 // from walking two far-apart parts of a share at once; in tiles of 32 rows, one run of bytes
-// each, every format reads fastest in order (docs/analysis/cpu-kernels.md).
+// each, int8 reads fastest in order on the AVX-512 development host, but not on the AVX2-only
+// one (STREAMS, docs/analysis/cpu-kernels.md).
 template <int TILE, class F>
 inline void for_tiles(int64_t rows, F&& f) {
     const int nt = omp_get_num_threads(), id = omp_get_thread_num();
