@@ -610,6 +610,9 @@ inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
 // Two tiles side by side, group by group, as q4_tile2: for each tile the same sums, in the same
 // order, as q8_tile. On an AVX2-only development host (first-generation EPYC, family 23 model 1)
 // this made the int8 pass about 14 % faster at 1 and 2 threads (docs/analysis/cpu-kernels.md).
+// The AVX2 q4 and q8 tile loops are written out apart: one template taking the group function,
+// with bit-for-bit the same results, made the int4 pass 4 to 10 % slower on that host (the
+// compiler unrolled and inlined less).
 inline void q8_tile2(const uint8_t* wa, const uint8_t* wb, const Act& a, int64_t cols, float* oa, float* ob) {
     __m256 fa[4][2], fb[4][2];
     for (int k = 0; k < 4; ++k) fa[k][0] = fa[k][1] = fb[k][0] = fb[k][1] = _mm256_setzero_ps();
