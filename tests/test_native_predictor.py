@@ -261,6 +261,35 @@ def test_projection_path_of_the_larger_model():
         torch.testing.assert_close(emb_sum, ref_sum, atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("variant", ["native", "generic"])
+@pytest.mark.parametrize("kv_cache", ["fp32", "fp16"])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(6, 2, 64), (4, 4, 32), (16, 8, 36)])
+def test_attention_shapes_match_reference(heads, kv_heads, head_dim, kv_cache, variant):
+    """Query heads in pairs with one left over (3 per KV head), one per KV head, and a head_dim
+    that is not a multiple of 8 (the row-by-row path), over 23 positions: whole blocks of four
+    cache rows and the rows after them, against the eager block."""
+    from vllm_omni.cpu.predictor import NativeStack
+    from vllm_omni.cpu.reference import ReferenceStack
+    from vllm_omni.cpu.weights import random_block
+    from vllm_omni.models.spec import StackSpec
+
+    spec = StackSpec(layers=1, hidden=256, intermediate=512, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
+    w = [random_block(spec, torch.Generator().manual_seed(5))]
+    norm = torch.ones(spec.hidden)
+    fused = NativeStack(w, norm, spec, "fp32", threads=1, max_positions=24, variant=variant, kv_cache=kv_cache)
+    ref = ReferenceStack(w, norm, spec, "fp32", capacity=24)
+    g = torch.Generator().manual_seed(6)
+    xs = [torch.randn(2, spec.hidden, generator=g)] + [torch.randn(1, spec.hidden, generator=g) for _ in range(21)]
+    pos = 0
+    tol = 1e-4 if kv_cache == "fp32" else 2e-3  # fp16 cache rows: rounding of K and V
+    for x in xs:
+        got, _ = fused.forward(x, pos)
+        want = ref.forward_last(x)
+        pos += x.shape[0]
+        torch.testing.assert_close(got[-1:], want, atol=tol, rtol=tol)
+    assert pos == 23
+
+
 # --- talker ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
