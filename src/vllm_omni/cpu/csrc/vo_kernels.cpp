@@ -977,11 +977,11 @@ inline void head_norm_rope(float* v, const float* nw, const float* cs, const flo
 // Attention of R query heads that share one KV head, for one token at position n - 1: head r's
 // scores against cache rows 0 .. n - 1 (from element kv0) into sc[r], softmax, and the weighted
 // sum of the value rows into o[r]. Each cache row is read once for all R heads, four rows at a
-// time, in order. Query heads one at a time, each K row read as one dot product and each V row
-// as one axpy on the output, the talker's attention took about a fifth of its int4 step at
-// 256 positions on an AVX2-only development host (first-generation EPYC, family 23 model 1):
-// converting an fp16 row costs that core about as much as the multiply-adds that use it, so
-// sharing a conversion between the two heads of a KV head counts (docs/analysis/cpu-kernels.md).
+// time, in order. With the query heads taken one at a time (a dot product per K row and an
+// axpy on the output per V row, attend_kv_head's plain path), the attention took about a fifth
+// of the talker's int4 step at 256 positions on an AVX2-only development host (first-generation
+// EPYC, family 23 model 1), where converting an fp16 row costs about as much as the
+// multiply-adds of two heads that use it (docs/analysis/cpu-kernels.md).
 #if defined(VO_AVX2)
 template <bool F16>
 inline __m256 kv_load8(const void* cache, int64_t off) {
@@ -991,9 +991,9 @@ inline __m256 kv_load8(const void* cache, int64_t off) {
         return _mm256_loadu_ps((const float*)cache + off);
 }
 
-// A software prefetch of `bytes` from p, in the AVX2 build only: on the AVX2-only development
-// host the attention ran about a tenth faster with the rows 16 positions ahead requested (as the
-// int4 tiles, see q4_prefetch); the AVX-512 host (Zen 4) did not try it.
+// A software prefetch of `bytes` from p, in the AVX2-only build: on the AVX2-only development
+// host, requesting the rows some positions ahead made the talker step about 14 % faster (as for
+// the int4 tiles, see q4_prefetch); the AVX-512 build has none, as it was not tried there.
 constexpr int KV_PREFETCH_ROWS = 16;
 inline void kv_prefetch(const void* p, int64_t bytes) {
 #if defined(VO_AVX2_ONLY)
