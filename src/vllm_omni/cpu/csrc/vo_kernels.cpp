@@ -1003,39 +1003,56 @@ inline void kv_prefetch(const void* p, int64_t bytes) {
 #endif
 }
 
+// sc[r][j + p] = scale * q[r] . K row j + p for p < P: one accumulator per row and head.
+template <int P, int R, bool F16>
+inline void score_rows(const float* const* q, const void* kc, int64_t kv0, int j, int hd, float scale, float* const* sc) {
+    __m256 acc[P][R];
+    for (auto& ap : acc)
+        for (auto& a : ap) a = _mm256_setzero_ps();
+    for (int i = 0; i < hd; i += 8) {
+        __m256 qv[R];
+        for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_ps(q[r] + i);
+        for (int p = 0; p < P; ++p) {
+            const __m256 k = kv_load8<F16>(kc, kv0 + (int64_t)(j + p) * hd + i);
+            for (int r = 0; r < R; ++r) acc[p][r] = _mm256_fmadd_ps(qv[r], k, acc[p][r]);
+        }
+    }
+    for (int p = 0; p < P; ++p)
+        for (int r = 0; r < R; ++r) sc[r][j + p] = hsum256(acc[p][r]) * scale;
+}
+
+// o[r] += sc[r][j + p] * V row j + p for p < P, in one sweep of the outputs.
+template <int P, int R, bool F16>
+inline void add_value_rows(const void* vc, int64_t kv0, int j, int hd, const float* const* sc, float* const* o) {
+    const int64_t off = kv0 + (int64_t)j * hd;
+    __m256 pr[P][R];
+    for (int p = 0; p < P; ++p)
+        for (int r = 0; r < R; ++r) pr[p][r] = _mm256_set1_ps(sc[r][j + p]);
+    for (int i = 0; i < hd; i += 8) {
+        __m256 acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm256_loadu_ps(o[r] + i);
+        for (int p = 0; p < P; ++p) {
+            const __m256 v = kv_load8<F16>(vc, off + (int64_t)p * hd + i);
+            for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(pr[p][r], v, acc[r]);
+        }
+        for (int r = 0; r < R; ++r) _mm256_storeu_ps(o[r] + i, acc[r]);
+    }
+}
+
 // Requires hd % 8 == 0.
 template <int R, bool F16>
 inline void attend_heads(const float* const* q, const void* kc, const void* vc, int64_t kv0, int n, int hd, float scale,
                          float* const* sc, float* const* o) {
-    constexpr int64_t ES = F16 ? 2 : 4;  // bytes per cache element
-    const int64_t row = hd * ES;
-    // scores: one accumulator per row and head
+    const int64_t row = hd * (F16 ? 2 : 4);  // bytes
+    auto ahead = [&](const void* cache, int j) {
+        kv_prefetch((const char*)cache + (kv0 + (int64_t)(j + KV_PREFETCH_ROWS) * hd) * (F16 ? 2 : 4), 4 * row);
+    };
     int j = 0;
     for (; j + 4 <= n; j += 4) {
-        kv_prefetch((const char*)kc + (kv0 + (int64_t)(j + KV_PREFETCH_ROWS) * hd) * ES, 4 * row);
-        __m256 acc[4][R];
-        for (auto& ap : acc)
-            for (auto& a : ap) a = _mm256_setzero_ps();
-        for (int i = 0; i < hd; i += 8) {
-            __m256 qv[R];
-            for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_ps(q[r] + i);
-            for (int p = 0; p < 4; ++p) {
-                const __m256 k = kv_load8<F16>(kc, kv0 + (int64_t)(j + p) * hd + i);
-                for (int r = 0; r < R; ++r) acc[p][r] = _mm256_fmadd_ps(qv[r], k, acc[p][r]);
-            }
-        }
-        for (int p = 0; p < 4; ++p)
-            for (int r = 0; r < R; ++r) sc[r][j + p] = hsum256(acc[p][r]) * scale;
+        ahead(kc, j);
+        score_rows<4, R, F16>(q, kc, kv0, j, hd, scale, sc);
     }
-    for (; j < n; ++j) {
-        __m256 acc[R];
-        for (auto& a : acc) a = _mm256_setzero_ps();
-        for (int i = 0; i < hd; i += 8) {
-            const __m256 k = kv_load8<F16>(kc, kv0 + (int64_t)j * hd + i);
-            for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + i), k, acc[r]);
-        }
-        for (int r = 0; r < R; ++r) sc[r][j] = hsum256(acc[r]) * scale;
-    }
+    for (; j < n; ++j) score_rows<1, R, F16>(q, kc, kv0, j, hd, scale, sc);
     // softmax weights, normalised
     for (int r = 0; r < R; ++r) {
         float mx = -std::numeric_limits<float>::infinity(), sum = 0.f;
@@ -1048,32 +1065,12 @@ inline void attend_heads(const float* const* q, const void* kc, const void* vc, 
         for (int i = 0; i < n; ++i) sc[r][i] *= inv;
         for (int i = 0; i < hd; ++i) o[r][i] = 0.f;
     }
-    // values: o[r] += p * row, four rows per sweep of the output (which stays in L1)
-    j = 0;
-    for (; j + 4 <= n; j += 4) {
-        const int64_t off = kv0 + (int64_t)j * hd;
-        kv_prefetch((const char*)vc + (off + (int64_t)KV_PREFETCH_ROWS * hd) * ES, 4 * row);
-        __m256 pr[4][R];
-        for (int p = 0; p < 4; ++p)
-            for (int r = 0; r < R; ++r) pr[p][r] = _mm256_set1_ps(sc[r][j + p]);
-        for (int i = 0; i < hd; i += 8) {
-            __m256 acc[R];
-            for (int r = 0; r < R; ++r) acc[r] = _mm256_loadu_ps(o[r] + i);
-            for (int p = 0; p < 4; ++p) {
-                const __m256 v = kv_load8<F16>(vc, off + (int64_t)p * hd + i);
-                for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(pr[p][r], v, acc[r]);
-            }
-            for (int r = 0; r < R; ++r) _mm256_storeu_ps(o[r] + i, acc[r]);
-        }
+    // values: four rows per sweep of the outputs (which stay in L1)
+    for (j = 0; j + 4 <= n; j += 4) {
+        ahead(vc, j);
+        add_value_rows<4, R, F16>(vc, kv0, j, hd, sc, o);
     }
-    for (; j < n; ++j) {
-        const int64_t off = kv0 + (int64_t)j * hd;
-        for (int i = 0; i < hd; i += 8) {
-            const __m256 v = kv_load8<F16>(vc, off + i);
-            for (int r = 0; r < R; ++r)
-                _mm256_storeu_ps(o[r] + i, _mm256_fmadd_ps(_mm256_set1_ps(sc[r][j]), v, _mm256_loadu_ps(o[r] + i)));
-        }
-    }
+    for (; j < n; ++j) add_value_rows<1, R, F16>(vc, kv0, j, hd, sc, o);
 }
 #endif
 
