@@ -170,7 +170,8 @@ inline void kv_store(void* cache, int64_t off, const float* v, int hd, bool f16)
     for (; i < hd; ++i) h[i] = float_to_half(v[i]);
 }
 
-// o += p * row off of the cache
+// o += p * row off of the cache (the row-by-row attention of attend_kv_head; the vector builds
+// take attend_heads wherever the head size allows)
 inline void kv_axpy(float* o, float p, const void* cache, int64_t off, int hd, bool f16) {
     if (!f16) {
         const float* vr = (const float*)cache + off;
@@ -178,14 +179,7 @@ inline void kv_axpy(float* o, float p, const void* cache, int64_t off, int hd, b
         return;
     }
     const uint16_t* h = (const uint16_t*)cache + off;
-    int d = 0;
-#if defined(VO_AVX2)
-    const __m256 pv = _mm256_set1_ps(p);
-    for (; d + 8 <= hd; d += 8)
-        _mm256_storeu_ps(o + d, _mm256_fmadd_ps(pv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + d))),
-                                                _mm256_loadu_ps(o + d)));
-#endif
-    for (; d < hd; ++d) o[d] = std::fma(p, half_to_float(h[d]), o[d]);
+    for (int d = 0; d < hd; ++d) o[d] = std::fma(p, half_to_float(h[d]), o[d]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -314,21 +308,12 @@ inline float dot_f32(const float* w, const float* a, int64_t n) {
     return t;
 }
 
-// q . row off of a KV cache (see kv_store)
+// q . row off of a KV cache (see kv_store; the row-by-row path, as kv_axpy)
 inline float kv_dot(const float* q, const void* cache, int64_t off, int hd, bool f16) {
     if (!f16) return dot_f32(q, (const float*)cache + off, hd);
     const uint16_t* h = (const uint16_t*)cache + off;
-    int i = 0;
     float t = 0.f;
-#if defined(VO_AVX2)
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    for (; i + 16 <= hd; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i))), _mm256_loadu_ps(q + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i + 8))), _mm256_loadu_ps(q + i + 8), s1);
-    }
-    t = hsum256(_mm256_add_ps(s0, s1));
-#endif
-    for (; i < hd; ++i) t = std::fma(half_to_float(h[i]), q[i], t);
+    for (int i = 0; i < hd; ++i) t = std::fma(half_to_float(h[i]), q[i], t);
     return t;
 }
 
