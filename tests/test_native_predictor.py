@@ -177,6 +177,31 @@ def test_thread_count_does_not_change_results(weights, fused_fp32):
     assert torch.equal(one[2], two[2])  # rows are split across threads, each dot is unchanged
 
 
+@pytest.mark.parametrize("fmt", ["fp32", "int8", "int4"])
+def test_split_norms_and_quantisation_do_not_change_results(fmt):
+    """Norms and activation quantisation are split across the threads by blocks of 32, and the
+    gate/up GEMV quantises its output tile by tile: 2 and 3 threads (uneven shares of the
+    blocks) give the bit-identical frame, talker step and hidden states of 1 thread."""
+    from vllm_omni.cpu.fused_talker import FusedTalker
+    from vllm_omni.cpu.predictor import FusedPredictor
+
+    w = random_predictor_weights(SPEC, seed=4, layers=2)
+    fused = FusedPredictor(w, fmt, threads=1)
+    talker = FusedTalker(random_talker_weights(SPEC, seed=4, layers=2), fmt, threads=1, max_positions=8)
+    ph, c0 = inputs(5)
+    x = torch.randn(SPEC.talker.hidden, generator=torch.Generator().manual_seed(6))
+    got = {}
+    for threads in (1, 2, 3):
+        fused.set_threads(threads)
+        talker.set_threads(threads)
+        talker.reset()
+        steps = [talker.step(x * (i + 1)) for i in range(2)]
+        got[threads] = (*fused.frame(ph, c0, return_logits=True), *(t for step in steps for t in step))
+    for threads in (2, 3):
+        for a, b in zip(got[1], got[threads]):
+            assert torch.equal(a, b), (fmt, threads)
+
+
 def _rel_errors(got, ref):
     scale = ref.abs().max()
     diff = (got - ref).abs()
