@@ -178,10 +178,10 @@ def test_thread_count_does_not_change_results(weights, fused_fp32):
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "int8", "int4"])
-def test_split_norms_and_quantisation_do_not_change_results(fmt):
-    """Norms and activation quantisation are split across the threads by blocks of 32, and the
-    gate/up GEMV quantises its output tile by tile: 2 and 3 threads (uneven shares of the
-    blocks) give the bit-identical frame, talker step and hidden states of 1 thread."""
+def test_thread_count_does_not_change_any_format(fmt):
+    """Every format's rows, tile pairs and read streams are split across the threads: 2 and 3
+    threads (uneven shares) give the bit-identical frame, talker steps and hidden states of
+    1 thread."""
     from vllm_omni.cpu.fused_talker import FusedTalker
     from vllm_omni.cpu.predictor import FusedPredictor
 

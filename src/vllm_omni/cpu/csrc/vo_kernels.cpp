@@ -2,7 +2,7 @@
 //
 // One call runs a whole predictor frame (15 passes, sampling included) or one talker step
 // inside a single OpenMP parallel region: matrix-vector products are split by output rows
-// across threads, norms and activation quantisation by blocks of 32 values; sampling runs on
+// across threads, the small per-token work (norms, activation quantisation, sampling) runs on
 // one thread between barriers. Weights are fp32, int8 (one fp32 scale per output row, packed in
 // tiles of 32 rows, see q8_tile) or int4 (groups of 32 along the input, one fp16 scale per
 // group, packed in tiles of 32 rows with the scales inside the stream, see q4_tile). For int8/int4
@@ -205,11 +205,9 @@ inline float block_scale(float amax, bool nan) {
     return d >= std::numeric_limits<float>::min() ? d : 0.f;
 }
 
-// Quantise blocks [b0, b1) of x (32 values each) into a, with the per-group offsets of the packed
-// integer formats. A block's values, scale and offsets depend on that block alone, so threads may
-// quantise different blocks of one vector.
-void quantize_blocks(const float* x, int64_t b0, int64_t b1, Act& a) {
-    for (int64_t b = b0; b < b1; ++b) {
+// Quantise x[n] into a, with the per-group offsets of the packed integer formats.
+void quantize_act(const float* x, int64_t n, Act& a) {
+    for (int64_t b = 0; b < n / 32; ++b) {
         const float* xb = x + b * 32;
         int8_t* qb = a.q + b * 32;
 #if defined(VO_AVX512VNNI)
@@ -249,9 +247,6 @@ void quantize_blocks(const float* x, int64_t b0, int64_t b1, Act& a) {
 #endif
     }
 }
-
-// Quantise x[n] into a.
-void quantize_act(const float* x, int64_t n, Act& a) { quantize_blocks(x, 0, n / 32, a); }
 
 // ---------------------------------------------------------------------------------------------
 // Row dot products.
@@ -732,8 +727,7 @@ struct Work {
     float* qkv;     // [T, q_dim + 2 kv_dim]
     float* h;       // [T, maxin] swiglu output
     float* scores;  // [heads, max_pos]
-    Act act[MAX_TOKENS];   // activations of the GEMV's input (norm output, attention output)
-    Act hact[MAX_TOKENS];  // of the swiglu output, written tile by tile while the gate/up GEMV reads act
+    Act act[MAX_TOKENS];
     int64_t maxin;
     int64_t xn_stride;
     int64_t qkv_stride;
@@ -765,13 +759,12 @@ int64_t layout(const VoStack& st, int64_t extra_len, Work* w) {
     W.qkv = (float*)take(sizeof(float) * MAX_TOKENS * W.qkv_stride);
     W.h = (float*)take(sizeof(float) * MAX_TOKENS * maxin);
     W.scores = (float*)take(sizeof(float) * st.heads * (int64_t)st.max_pos);
-    for (Act* acts : {W.act, W.hact})
-        for (int t = 0; t < MAX_TOKENS; ++t) {
-            acts[t].f = nullptr;
-            acts[t].q = (int8_t*)take(maxin);
-            acts[t].d = (float*)take(sizeof(float) * maxin / 32);
-            acts[t].gcorr = (int32_t*)take(sizeof(int32_t) * maxin / 16);
-        }
+    for (int t = 0; t < MAX_TOKENS; ++t) {
+        W.act[t].f = nullptr;
+        W.act[t].q = (int8_t*)take(maxin);
+        W.act[t].d = (float*)take(sizeof(float) * maxin / 32);
+        W.act[t].gcorr = (int32_t*)take(sizeof(int32_t) * maxin / 16);
+    }
     W.extra = (float*)take(sizeof(float) * std::max<int64_t>(extra_len, 1));
     W.extra_len = extra_len;
     return off;
@@ -780,10 +773,9 @@ int64_t layout(const VoStack& st, int64_t extra_len, Work* w) {
 // ---------------------------------------------------------------------------------------------
 // Building blocks, called from inside the parallel region.
 
-// 1 / rms(x[n]). The sum of squares is kept in double (8 lanes under AVX2): every thread of a
-// team takes it whole before normalising its share (norm_prep_team), so it is vectorised, but it
-// stays as exact as the reference's.
-inline float rms_inv(const float* x, int64_t n, float eps) {
+// The sum of squares is kept in double (8 lanes under AVX2): it runs on one thread while the
+// others wait, so it is vectorised, but it stays as exact as the reference's.
+inline void rmsnorm(const float* x, const float* w, float* y, int64_t n, float eps) {
     double ss = 0.0;
     int64_t i = 0;
 #if defined(VO_AVX2)
@@ -799,11 +791,7 @@ inline float rms_inv(const float* x, int64_t n, float eps) {
     ss = (part[0] + part[1]) + (part[2] + part[3]);
 #endif
     for (; i < n; ++i) ss += (double)x[i] * x[i];
-    return 1.f / std::sqrt((float)(ss / (double)n) + eps);
-}
-
-inline void rmsnorm(const float* x, const float* w, float* y, int64_t n, float eps) {
-    const float r = rms_inv(x, n, eps);
+    float r = 1.f / std::sqrt((float)(ss / (double)n) + eps);
     for (int64_t i = 0; i < n; ++i) y[i] = w[i] * (x[i] * r);
 }
 
@@ -840,47 +828,12 @@ inline void swiglu(const float* g, const float* u, float* out, int n) {
     for (; i < n; ++i) out[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
 }
 
-// This thread's share [lo, hi) of n items, as a static schedule cuts them.
-inline void team_share(int64_t n, int64_t& lo, int64_t& hi) {
-    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    lo = n * id / nt;
-    hi = n * (id + 1) / nt;
-}
-
-// The activations of row src for a GEMV: this thread quantises blocks [b0, b1) (int8, int4), and
-// thread 0 points act.f at src (fp32). Readers wait for a barrier.
-inline void prep_blocks(int fmt, Act& act, const float* src, int64_t b0, int64_t b1) {
-    if (fmt != FMT_F32) quantize_blocks(src, b0, b1, act);
-    if (omp_get_thread_num() == 0) act.f = src;
-}
-
-// The activations of T rows of src (stride apart, n values each) for a GEMV, each thread
-// quantising its share of the blocks of 32; ends in a barrier.
-inline void prep_act_team(int fmt, Act* act, const float* src, int64_t stride, int64_t n, int T) {
-    int64_t b0, b1;
-    team_share(n / 32, b0, b1);
-    for (int t = 0; t < T; ++t) prep_blocks(fmt, act[t], src + t * stride, b0, b1);
-#pragma omp barrier
-}
-
-// y[t] = rmsnorm(x[t]) for T rows of x (n apart) with weights nw, and their activations for a
-// GEMV: every thread takes the whole sum of squares (so the same scale, bit for bit) and
-// normalises and quantises its share of the blocks of 32; ends in a barrier. With the norm and
-// quantisation on one thread while the others waited, the int4 predictor pass and talker step
-// took about 2 % longer at 2 threads on an AVX2-only development host (first-generation EPYC,
-// family 23 model 1; docs/analysis/cpu-kernels.md).
-inline void norm_prep_team(int fmt, Act* act, const float* x, const float* nw, float* y, int64_t y_stride, int64_t n,
-                           int T, float eps) {
-    int64_t b0, b1;
-    team_share(n / 32, b0, b1);
+// Prepare activations of T tokens (rows of src with stride) for a GEMV (single thread).
+inline void prep_act(int fmt, Work& W, const float* src, int64_t stride, int64_t n, int T) {
     for (int t = 0; t < T; ++t) {
-        const float* xt = x + t * n;
-        float* yt = y + t * y_stride;
-        const float r = rms_inv(xt, n, eps);
-        for (int64_t i = 32 * b0; i < 32 * b1; ++i) yt[i] = nw[i] * (xt[i] * r);
-        prep_blocks(fmt, act[t], yt, b0, b1);
+        W.act[t].f = src + t * stride;
+        if (fmt != FMT_F32) quantize_act(src + t * stride, n, W.act[t]);
     }
-#pragma omp barrier
 }
 
 enum OutMode { OUT_STORE = 0, OUT_ADD = 1 };
@@ -971,30 +924,25 @@ inline void gemv_rows(int fmt, const VoMat& m, const Act* act, int T, Emit&& emi
 }
 
 // out[t, r] (=|+=) m[r] . act[t] for r in [0, rows), rows split across the team.
-inline void gemv(int fmt, const VoMat& m, const Act* act, int T, float* out, int64_t out_stride, OutMode mode) {
-    gemv_rows(fmt, m, act, T, [&](int t, int64_t r0, int nr, const float* v) {
+inline void gemv(int fmt, const VoMat& m, Work& W, int T, float* out, int64_t out_stride, OutMode mode) {
+    gemv_rows(fmt, m, W.act, T, [&](int t, int64_t r0, int nr, const float* v) {
         float* o = out + t * out_stride + r0;
         for (int i = 0; i < nr; ++i) o[i] = mode == OUT_ADD ? o[i] + v[i] : v[i];
     });
 }
 
-// h[t, r] = silu(gate_r . a_t) * (up_r . a_t) for r in [0, I), a_t = W.act[t], and the
-// activations of h[t] for the down GEMV in W.hact[t]: an int8 or int4 tile of 32 rows is one block
-// of 32, quantised as soon as it is computed. A gate tile (or fp32 row) and its up tile are read
-// side by side where the build reads the format in several streams (tiles_dot): two streams, as
-// for_tile_streams walks other matrices.
+// h[t, r] = silu(gate_r . a_t) * (up_r . a_t) for r in [0, I). A gate tile (or fp32 row) and
+// its up tile are read side by side where the build reads the format in several streams
+// (tiles_dot): two streams, as for_tile_streams walks other matrices.
 inline void gemv_swiglu(int fmt, const VoMat& m, int64_t I, Work& W, int T, float* out, int64_t out_stride) {
     with_fmt(fmt, [&](auto F) {
         constexpr int FMT = decltype(F)::value;
-        static_assert(FMT == FMT_F32 || TILE_ROWS<FMT> == 32, "an int8/int4 tile of rows is one activation block");
         for_gemv_rows<FMT>(I, [&](int64_t r0, int nr) {
             for (int t = 0; t < T; ++t) {
                 const int64_t r[2] = {r0, r0 + I};
                 float gu[2][TILE_ROWS<FMT>];
                 tiles_dot<FMT, 2>(m, r, W.act[t], gu);
-                float* h = out + t * out_stride;
-                swiglu(gu[0], gu[1], h + r0, nr);
-                prep_blocks(FMT, W.hact[t], h, r0 / 32, r0 / 32 + 1);  // fp32: h itself
+                swiglu(gu[0], gu[1], out + t * out_stride + r0, nr);
             }
         });
     });
@@ -1164,8 +1112,12 @@ void layer_forward(const VoStack& st, const VoLayer& L, Work& W, int T, int pos0
     const int64_t mp = st.max_pos;
     const bool f16 = st.kv_f16 != 0;
 
-    norm_prep_team(fmt, W.act, W.x, L.input_norm, W.xn, W.xn_stride, H, T, st.eps);
-    gemv(fmt, L.qkv, W.act, T, W.qkv, W.qkv_stride, OUT_STORE);
+#pragma omp single
+    {
+        for (int t = 0; t < T; ++t) rmsnorm(W.x + t * H, L.input_norm, W.xn + t * W.xn_stride, H, st.eps);
+        prep_act(fmt, W, W.xn, W.xn_stride, H, T);
+    }
+    gemv(fmt, L.qkv, W, T, W.qkv, W.qkv_stride, OUT_STORE);
     // Attention, one KV head (and its `rep` query heads) per iteration: k norm + rope, k and v
     // into the cache, then each query head's norm + rope and causal softmax over the cache,
     // output into xn. A KV head's query heads need only its own cache rows, so one loop (one
@@ -1192,11 +1144,18 @@ void layer_forward(const VoStack& st, const VoLayer& L, Work& W, int T, int pos0
                            L.k_cache, L.v_cache, kv0, n, (int)hd, f16, scale);
         }
     }
-    prep_act_team(fmt, W.act, W.xn, W.xn_stride, qd, T);
-    gemv(fmt, L.o, W.act, T, W.x, H, OUT_ADD);
-    norm_prep_team(fmt, W.act, W.x, L.post_norm, W.xn, W.xn_stride, H, T, st.eps);
+#pragma omp single
+    prep_act(fmt, W, W.xn, W.xn_stride, qd, T);
+    gemv(fmt, L.o, W, T, W.x, H, OUT_ADD);
+#pragma omp single
+    {
+        for (int t = 0; t < T; ++t) rmsnorm(W.x + t * H, L.post_norm, W.xn + t * W.xn_stride, H, st.eps);
+        prep_act(fmt, W, W.xn, W.xn_stride, H, T);
+    }
     gemv_swiglu(fmt, L.gate_up, I, W, T, W.h, W.xn_stride);
-    gemv(fmt, L.down, W.hact, T, W.x, H, OUT_ADD);
+#pragma omp single
+    prep_act(fmt, W, W.h, W.xn_stride, I, T);
+    gemv(fmt, L.down, W, T, W.x, H, OUT_ADD);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1299,8 +1258,12 @@ int32_t vo_stack_forward(const VoStack* stp, const float* x, int32_t T, int32_t 
 #pragma omp parallel num_threads(run_threads(st))
     {
         for (int l = 0; l < st.n_layers; ++l) layer_forward(st, st.layers[l], W, T, pos0);
-        norm_prep_team(st.fmt, W.act, W.x, st.final_norm, out, H, H, T, st.eps);
-        if (head) gemv(st.fmt, *head, W.act + (T - 1), 1, logits, head->rows, OUT_STORE);
+#pragma omp single
+        {
+            for (int t = 0; t < T; ++t) rmsnorm(W.x + t * H, st.final_norm, out + t * H, H, st.eps);
+            prep_act(st.fmt, W, out + (T - 1) * H, H, H, 1);
+        }
+        if (head) gemv(st.fmt, *head, W, 1, logits, head->rows, OUT_STORE);
     }
     return 0;
 }
@@ -1488,8 +1451,12 @@ int32_t vo_talker_step(const VoStack* stp, const VoMat* head, const float* x, in
 #pragma omp parallel num_threads(run_threads(st))
     {
         for (int l = 0; l < st.n_layers; ++l) layer_forward(st, st.layers[l], W, 1, pos);
-        norm_prep_team(st.fmt, W.act, W.x, st.final_norm, hidden, H, H, 1, st.eps);
-        gemv(st.fmt, *head, W.act, 1, logits, head->rows, OUT_STORE);
+#pragma omp single
+        {
+            rmsnorm(W.x, st.final_norm, hidden, H, st.eps);
+            prep_act(st.fmt, W, hidden, H, H, 1);
+        }
+        gemv(st.fmt, *head, W, 1, logits, head->rows, OUT_STORE);
     }
     return 0;
 }
@@ -1539,9 +1506,9 @@ int32_t vo_predictor_frame(const VoStack* stp, const VoMat* heads, int32_t G, co
                     } else {
                         std::memcpy(W.xn, emb + ((int64_t)(k - 2) * V + code) * Ht, sizeof(float) * Ht);
                     }
+                    prep_act(st.fmt, W, W.xn, W.xn_stride, Ht, T);
                 }
-                prep_act_team(st.fmt, W.act, W.xn, W.xn_stride, Ht, T);
-                gemv(st.fmt, *proj, W.act, T, W.x, H, OUT_STORE);
+                gemv(st.fmt, *proj, W, T, W.x, H, OUT_STORE);
 #pragma omp single
                 for (int t = 0; t < T; ++t)
                     for (int64_t i = 0; i < H; ++i) W.x[t * H + i] += proj_bias[i];
@@ -1558,8 +1525,12 @@ int32_t vo_predictor_frame(const VoStack* stp, const VoMat* heads, int32_t G, co
             }
             for (int l = 0; l < st.n_layers; ++l) layer_forward(st, st.layers[l], W, T, pos0);
             // final norm of the last token, head k-1, sampling
-            norm_prep_team(st.fmt, W.act, W.x + (T - 1) * H, st.final_norm, W.xn, W.xn_stride, H, 1, st.eps);
-            gemv(st.fmt, heads[k - 1], W.act, 1, logits_buf, V, OUT_STORE);
+#pragma omp single
+            {
+                rmsnorm(W.x + (T - 1) * H, st.final_norm, W.xn, H, st.eps);
+                prep_act(st.fmt, W, W.xn, W.xn_stride, H, 1);
+            }
+            gemv(st.fmt, heads[k - 1], W, 1, logits_buf, V, OUT_STORE);
 #pragma omp single
             {
                 code = sample(logits_buf, V, greedy, temperature, top_k,
