@@ -43,7 +43,7 @@ def fused_fp32(weights):
     from vllm_omni.cpu.predictor import FusedPredictor
 
     # one thread: on a shared 2-core machine a second, descheduled thread makes every barrier
-    # wait for a time slice (test_thread_count_does_not_change_results covers 2 threads)
+    # wait for a time slice (test_thread_count_does_not_change_any_format covers 2 and 3 threads)
     return FusedPredictor(weights, "fp32", threads=1)
 
 
@@ -165,16 +165,6 @@ def test_pass_once_is_forward_without_allocating(fused_fp32):
         fused_fp32.pass_once(x, position=7, head=15)
     with pytest.raises(RuntimeError, match="vo_stack_forward failed"):
         fused_fp32.pass_once(x, position=16)
-
-
-def test_thread_count_does_not_change_results(weights, fused_fp32):
-    ph, c0 = inputs(3)
-    fused_fp32.set_threads(1)
-    one = fused_fp32.frame(ph, c0, return_logits=True)
-    fused_fp32.set_threads(2)
-    two = fused_fp32.frame(ph, c0, return_logits=True)
-    assert one[0].tolist() == two[0].tolist()
-    assert torch.equal(one[2], two[2])  # rows are split across threads, each dot is unchanged
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "int8", "int4"])
