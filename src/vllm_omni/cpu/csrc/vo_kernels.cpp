@@ -959,6 +959,18 @@ inline void head_norm_rope(float* v, const float* nw, const float* cs, const flo
     }
 }
 
+// s[0..n) = softmax(s[0..n)), in place: the attention weights of one query head.
+inline void softmax(float* s, int n) {
+    float mx = -std::numeric_limits<float>::infinity(), sum = 0.f;
+    for (int i = 0; i < n; ++i) mx = std::max(mx, s[i]);
+    for (int i = 0; i < n; ++i) {
+        s[i] = std::exp(s[i] - mx);
+        sum += s[i];
+    }
+    const float inv = 1.f / sum;
+    for (int i = 0; i < n; ++i) s[i] *= inv;
+}
+
 // Attention of R query heads that share one KV head, for one token at position n - 1: head r's
 // scores against cache rows 0 .. n - 1 (from element kv0) into sc[r], softmax, and the weighted
 // sum of the value rows into o[r]. Each cache row is read once for all R heads, four rows at a
@@ -1038,16 +1050,8 @@ inline void attend_heads(const float* const* q, const void* kc, const void* vc, 
         score_rows<4, R, F16>(q, kc, kv0, j, hd, scale, sc);
     }
     for (; j < n; ++j) score_rows<1, R, F16>(q, kc, kv0, j, hd, scale, sc);
-    // softmax weights, normalised
     for (int r = 0; r < R; ++r) {
-        float mx = -std::numeric_limits<float>::infinity(), sum = 0.f;
-        for (int i = 0; i < n; ++i) mx = std::max(mx, sc[r][i]);
-        for (int i = 0; i < n; ++i) {
-            sc[r][i] = std::exp(sc[r][i] - mx);
-            sum += sc[r][i];
-        }
-        const float inv = 1.f / sum;
-        for (int i = 0; i < n; ++i) sc[r][i] *= inv;
+        softmax(sc[r], n);
         for (int i = 0; i < hd; ++i) o[r][i] = 0.f;
     }
     // values: four rows per sweep of the outputs (which stay in L1)
@@ -1086,19 +1090,10 @@ inline void attend_kv_head(const float* q, float* sc, float* o, int rep, int64_t
     for (; r < rep; ++r) {
         const float* qr = q + r * hd;
         float *s = sc + r * mp, *out = o + r * hd;
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int j = 0; j < n; ++j) {
-            s[j] = kv_dot(qr, kc, kv0 + (int64_t)j * hd, hd, f16) * scale;
-            mx = std::max(mx, s[j]);
-        }
-        float sum = 0.f;
-        for (int j = 0; j < n; ++j) {
-            s[j] = std::exp(s[j] - mx);
-            sum += s[j];
-        }
-        const float inv = 1.f / sum;
+        for (int j = 0; j < n; ++j) s[j] = kv_dot(qr, kc, kv0 + (int64_t)j * hd, hd, f16) * scale;
+        softmax(s, n);
         for (int d = 0; d < hd; ++d) out[d] = 0.f;
-        for (int j = 0; j < n; ++j) kv_axpy(out, s[j] * inv, vc, kv0 + (int64_t)j * hd, hd, f16);
+        for (int j = 0; j < n; ++j) kv_axpy(out, s[j], vc, kv0 + (int64_t)j * hd, hd, f16);
     }
 }
 
