@@ -115,6 +115,58 @@ def test_sync_on_cpu_is_a_no_op():
     fr._synchronize(None)
 
 
+class QueuedTalker:
+    """A talker step that queues ``gpu_ms`` of GPU work and returns without waiting for it,
+    as a CUDA talker does (None: no GPU work)."""
+
+    def __init__(self, gpu_ms: float | None = None):
+        self.gpu_ms = gpu_ms
+
+    def step(self, x):
+        if self.gpu_ms:  # the H200's SM clock peaks near 2 GHz: this many cycles take at least gpu_ms
+            torch.cuda._sleep(int(self.gpu_ms * 2e6))
+        return torch.zeros(3072), torch.zeros(8)
+
+
+class ZeroPredictor:
+    def frame(self, hidden, c0_embed, *, greedy, noise_key):
+        return torch.zeros(15, dtype=torch.int64), torch.zeros(8)
+
+
+class FirstCodeSampler:
+    def sample(self, logits):
+        return 0
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_sync_waits_around_each_timer_on_a_cuda_device(sync, monkeypatch):
+    """With sync on and a CUDA device, each of a frame's six timestamps waits for the device first."""
+    waits = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waits.append(str(device)))
+    loop = fr.FrameLoop(QueuedTalker(), ZeroPredictor(), FirstCodeSampler(), torch.zeros(3072, 8),
+                        device="cuda:0", sync=sync)
+    assert len(loop.run(2).stats) == 2
+    assert waits == (["cuda:0"] * 12 if sync else [])
+
+
+@pytest.mark.gpu
+def test_sync_puts_queued_gpu_work_in_the_talker_time():
+    """Without sync, work a talker queued on the GPU lands in no timer of the frame; with sync it
+    lands in the talker's. The GPU work is 100 ms; the margins are tens of milliseconds."""
+    def talker_ms(sync: bool) -> float:
+        loop = fr.FrameLoop(QueuedTalker(gpu_ms=100), ZeroPredictor(), FirstCodeSampler(), torch.zeros(3072, 8),
+                            device="cuda", sync=sync)
+        torch.cuda.synchronize()
+        stats = loop.run(1).stats[0]
+        torch.cuda.synchronize()
+        return stats.talker_ms
+
+    talker_ms(True)  # the first launch loads the kernel
+    assert talker_ms(True) >= 90
+    assert talker_ms(False) < 50
+
+
 def test_talker_benchmark_quick_writes_artifact(tmp_path):
     import json
 

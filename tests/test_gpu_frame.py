@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -226,8 +227,10 @@ FAKE_PROBE = {"cuda": True, "device": "Test GPU 9", "sms": 132, "memory_gib": 14
 
 
 def fake_result(cap: str | None) -> dict:
+    """A child's report; under a cap its CUDA context reports fewer SMs (a made-up rounding here)."""
     mode = {"talker_ms": 1.0, "predictor_ms": 2.0, "frame_ms": 3.0, "wall_ms": 4.0, "frames": 5, "warmup": 2}
-    return {**FAKE_PROBE, "cap_env": cap, "talker_capacity": 64, "setup_s": 1.0, "peak_gpu_mib": 10,
+    sms = FAKE_PROBE["sms"] if cap in (None, "100") else 2 * int(cap)
+    return {**FAKE_PROBE, "sms": sms, "cap_env": cap, "talker_capacity": 64, "setup_s": 1.0, "peak_gpu_mib": 10,
             "modes": {"graph": mode, "eager": {**mode, "wall_ms": 8.0}}}
 
 
@@ -262,8 +265,10 @@ def test_run_starts_one_child_per_cap_inside_one_daemon(monkeypatch, tmp_path):
     assert FakeSession.started == ["start", "stop"]
     art = load_file(tmp_path / "device-simulation" / "gpu-frame-test-gpu-9.json")
     assert art.origin == "measured" and art.provenance["host"]["gpu"] == "Test GPU 9"
-    assert [r[:4] for r in art.rows] == [["100 % (MPS)", 100, 132, "CUDA graph"], ["100 % (MPS)", 100, 132, "eager"],
-                                         ["12 % (MPS)", 12, 16, "CUDA graph"], ["12 % (MPS)", 12, 16, "eager"]]
+    # SMs asked come from the whole GPU (the probe), SMs reported from each capped child
+    assert [r[:5] for r in art.rows] == [["100 % (MPS)", 100, 132, 132, "CUDA graph"],
+                                         ["100 % (MPS)", 100, 132, 132, "eager"],
+                                         ["12 % (MPS)", 12, 16, 24, "CUDA graph"], ["12 % (MPS)", 12, 16, 24, "eager"]]
     assert [r[-1] for r in art.rows] == [0.05, 0.1, 0.05, 0.1]  # RTF = frame wall / 80 ms
     assert art.compare["key_columns"] == ["setting", "mode"]
 
@@ -343,3 +348,16 @@ def test_child_measures_both_modes_on_cuda():
     assert out["cuda"] and set(out["modes"]) == {"graph", "eager"}
     for m in out["modes"].values():
         assert 0 < m["talker_ms"] <= m["frame_ms"] and m["wall_ms"] > 0
+
+
+@pytest.mark.mps
+def test_a_capped_child_reports_about_the_sms_it_asked_for():
+    """The artifact's 'SMs reported' column rests on this: under MPS, a client's CUDA context
+    reports the SMs its cap grants (the driver rounds to pairs), not the whole GPU's."""
+    base = dict(os.environ)
+    whole = gpu_frame.run_child({"probe": True}, base, 120, "probe")["sms"]
+    with mps.MpsSession(mps.default_root() / "test-sms") as session:
+        env = gpu_frame.child_env(gpu_frame.ChildRun(25), session.pipe_dir, session.log_dir, base)
+        capped = gpu_frame.run_child({"probe": True}, env, 120, "capped probe")["sms"]
+    asked = mps.estimated_sms(25, whole)
+    assert asked - 2 <= capped <= asked + 2 < whole

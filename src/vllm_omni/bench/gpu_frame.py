@@ -108,14 +108,18 @@ def run_child(config: Mapping[str, Any], env: Mapping[str, str], timeout_s: floa
     raise BenchError(f"{what}: exit {proc.returncode} without a result: {tail}")
 
 
-def rows_for(run: ChildRun, result: Mapping[str, Any], frame_ms: float) -> list[list[Any]]:
-    """One row per timed mode of one child: times, and RTF from the host's wall time."""
-    total_sms = result["sms"]
+def rows_for(run: ChildRun, result: Mapping[str, Any], frame_ms: float, total_sms: int) -> list[list[Any]]:
+    """One row per timed mode of one child: times, and RTF from the host's wall time.
+
+    ``total_sms`` is the whole GPU's count, from the uncapped probe: the SMs a share asks for
+    come from it, while the child's own count is what its capped CUDA context reports, which
+    under MPS is the capped count rather than the whole GPU's.
+    """
     share = 100 if run.cap is None else run.cap
     rows = []
     for mode, m in result["modes"].items():
         rows.append([
-            run.setting, share, mps.estimated_sms(share, total_sms), MODE_LABELS[mode],
+            run.setting, share, mps.estimated_sms(share, total_sms), result["sms"], MODE_LABELS[mode],
             m["talker_ms"], m["predictor_ms"], m["frame_ms"], m["wall_ms"], round(m["wall_ms"] / frame_ms, 4),
         ])
     return rows
@@ -124,7 +128,8 @@ def rows_for(run: ChildRun, result: Mapping[str, Any], frame_ms: float) -> list[
 COLUMNS = [
     {"name": "setting", "unit": None, "type": "text"},
     {"name": "SM share", "unit": "%", "type": "number"},
-    {"name": "SMs", "unit": None, "type": "number"},
+    {"name": "SMs asked", "unit": None, "type": "number"},
+    {"name": "SMs reported", "unit": None, "type": "number"},
     {"name": "mode", "unit": None, "type": "text"},
     {"name": "talker step", "unit": "ms", "type": "number", "format": ".3f"},
     {"name": "predictor frame", "unit": "ms", "type": "number", "format": ".3f"},
@@ -204,7 +209,7 @@ def _write(args: argparse.Namespace, config: dict[str, Any], info: dict[str, Any
     from vllm_omni.results.schema import validate
 
     spec = get_model(args.model)
-    rows = [row for r, out in results for row in rows_for(r, out, spec.frame_ms)]
+    rows = [row for r, out in results for row in rows_for(r, out, spec.frame_ms, info["sms"])]
     suffix = id_suffix(args) + ("-no-mps" if args.no_mps else "")
     prov = provenance.capture(
         source="vllm-omni-bench gpu-frame", model=spec.name,
@@ -229,8 +234,10 @@ def _write(args: argparse.Namespace, config: dict[str, Any], info: dict[str, Any
         f"{config['frames']} frames after {config['warmup']} warm-up frames per row. talker step, predictor frame and "
         "frame are GPU times between CUDA events; frame wall is the host's time until the 16 codes are on the host, "
         "and RTF = frame wall / 80 ms. Each SM share ran in its own process"
-        + (" as a client of one MPS daemon, with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set before CUDA started; SMs is "
-           "ceil(share x SMs / 100), before the driver's own rounding." if not args.no_mps else " without MPS.")
+        + (" as a client of one MPS daemon, with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set before CUDA started. SMs asked is "
+           "ceil(share x the whole GPU's SMs / 100); SMs reported is the multiprocessor count that the child's "
+           "CUDA context reports under its cap, after the driver's rounding." if not args.no_mps
+           else " without MPS; SMs reported is the multiprocessor count its CUDA context reports.")
         + (" Quick mode: shallow talker, few frames, for doctests only, not a figure." if args.quick else "")
     )
     data = {
