@@ -123,8 +123,8 @@ class QueuedTalker:
         self.gpu_ms = gpu_ms
 
     def step(self, x):
-        if self.gpu_ms:  # the H200's SM clock peaks near 2 GHz: this many cycles take at least gpu_ms
-            torch.cuda._sleep(int(self.gpu_ms * 2e6))
+        if self.gpu_ms:  # GPU clocks stay under 3 GHz (an H200's peaks near 2): at least gpu_ms
+            torch.cuda._sleep(int(self.gpu_ms * 3e6))
         return torch.zeros(3072), torch.zeros(8)
 
 
@@ -153,7 +153,7 @@ def test_sync_waits_around_each_timer_on_a_cuda_device(sync, monkeypatch):
 @pytest.mark.gpu
 def test_sync_puts_queued_gpu_work_in_the_talker_time():
     """Without sync, work a talker queued on the GPU lands in no timer of the frame; with sync it
-    lands in the talker's. The GPU work is 100 ms; the margins are tens of milliseconds."""
+    lands in the talker's. The GPU work is at least 100 ms; the margins are tens of milliseconds."""
     def talker_ms(sync: bool) -> float:
         loop = fr.FrameLoop(QueuedTalker(gpu_ms=100), ZeroPredictor(), FirstCodeSampler(), torch.zeros(3072, 8),
                             device="cuda", sync=sync)
