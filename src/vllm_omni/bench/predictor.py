@@ -1,7 +1,8 @@
 """``vllm-omni-bench predictor``: per-pass and per-frame time of the code predictor vs its floor.
 
 One run can time the eager reference and the fused kernel interleaved (``--impl both``, the
-default), so their ratio and the bandwidth floor come from the same minutes on the same host.
+default), so their ratio and the bandwidth floor come from the same minutes on the same host;
+``--impl all`` adds the predictor compiled by ``torch.compile`` (fp32, ``vllm_omni.cpu.compiled``).
 For every thread count it runs rounds that alternate the implementations, each round preceded
 by the read-bandwidth probes at that thread count.
 
@@ -30,6 +31,9 @@ from vllm_omni.bench.common import (
 from vllm_omni.models import get_model, predictor_pass_bytes
 
 FUSED_FORMATS = ("fp32", "int8", "int4")
+COMPILED_FORMATS = ("fp32",)  # vllm_omni.cpu.compiled.FORMATS, without importing torch here
+IMPLS = {"reference": ["reference"], "compiled": ["compiled"], "fused": ["fused"],
+         "both": ["reference", "fused"], "all": ["reference", "compiled", "fused"]}
 PASS_POSITION = 8
 # Untimed passes before each round's timed ones. The probes and the other implementation run
 # just before and push the weights out of the caches; the floor is the working-set probe's best
@@ -46,8 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="threads (default: all usable cores); see --thread-counts for a sweep")
     p.add_argument("--thread-counts", default=None, help="comma-separated thread counts measured in one run, e.g. 1,2")
     p.add_argument("--weights", choices=WEIGHT_FORMATS, default="int4", help="weight format")
-    p.add_argument("--impl", choices=("reference", "fused", "both"), default="both",
-                   help="eager reference, fused kernel, or both interleaved in one run")
+    p.add_argument("--impl", choices=tuple(IMPLS), default="both",
+                   help="eager reference, torch.compile of the static-cache predictor (fp32), fused kernel, "
+                        "reference and fused interleaved in one run (both), or all three (all)")
     p.add_argument("--model", choices=("0.6B", "1.7B"), default="0.6B", help="model size (random weights)")
     p.add_argument("--quick", action="store_true", help="few repetitions: for doctests, not for figures")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
@@ -94,6 +99,31 @@ class _Reference:
             self.p.stack.forward_last(self.prefix)
 
 
+class _Compiled:
+    """The static-cache predictor with its pass compiled; the pass timer feeds one token at
+    position 8 through the compiled 1-token graph that passes 2..15 of a frame share."""
+
+    def __init__(self, weights, fmt: str):
+        import torch
+
+        from vllm_omni.cpu.compiled import CompiledPredictor
+
+        self.torch = torch
+        self.p = CompiledPredictor(weights, fmt=fmt)
+        self.x = torch.randn(1, weights.spec.predictor.hidden, generator=torch.Generator().manual_seed(1)) * 0.5
+        self.pos = torch.tensor([PASS_POSITION])
+
+    def set_threads(self, t: int) -> None:
+        self.torch.set_num_threads(t)  # the next call compiles for t threads: the warm-up pays it
+
+    def pass_once(self) -> None:
+        with self.torch.no_grad():
+            self.p.pass_logits(self.x, self.pos, self.p.heads[0])
+
+    def frame(self, ph, c0, u) -> None:
+        self.p.frame(ph, c0, u)
+
+
 class _Fused:
     def __init__(self, weights, fmt: str, threads: int, variant: str = "native"):
         import torch
@@ -123,11 +153,12 @@ def run(args: argparse.Namespace) -> int:
 
     spec = get_model(args.model)
     counts = thread_counts(args)
-    impls = ["reference", "fused"] if args.impl == "both" else [args.impl]
-    if "fused" in impls and args.weights not in FUSED_FORMATS:
-        if args.impl == "fused":
-            raise BenchError(f"the fused predictor supports --weights {', '.join(FUSED_FORMATS)}, not {args.weights}")
-        impls = ["reference"]
+    impls = IMPLS[args.impl]
+    for impl, formats in (("fused", FUSED_FORMATS), ("compiled", COMPILED_FORMATS)):
+        if impl in impls and args.weights not in formats:
+            if args.impl == impl:
+                raise BenchError(f"the {impl} predictor supports --weights {', '.join(formats)}, not {args.weights}")
+            impls = [i for i in impls if i != impl]  # both, all: time what runs this format
     rounds = args.rounds or (1 if args.quick else 5)
     pass_reps, frame_reps = (3, 1) if args.quick else (20, 2)
     pass_warmup = 1 if args.quick else PASS_WARMUP
@@ -136,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
     runners = {}
     for impl in impls:
         try:
-            runners[impl] = _Reference(w, args.weights) if impl == "reference" else _Fused(w, args.weights, max(counts), args.variant)
+            runners[impl] = (_Fused(w, args.weights, max(counts), args.variant) if impl == "fused"
+                             else {"reference": _Reference, "compiled": _Compiled}[impl](w, args.weights))
         except (ValueError, NotImplementedError, RuntimeError, OSError) as exc:
             raise BenchError(f"--impl {impl} cannot run --weights {args.weights}: {exc}") from None
     g = torch.Generator().manual_seed(args.seed + 1)
@@ -189,8 +221,9 @@ def run(args: argparse.Namespace) -> int:
                   f"{stream:.1f} GB/s streaming floor {over_stream:.2f}; reads alone at the working-set "
                   f"probe's median {ws_median:.1f} GB/s would score {best / ws_median:.2f})")
     ref_vs_fused = None
-    if len(impls) == 2:
-        ref_vs_fused = {str(t): round(rows[2 * i][3] / rows[2 * i + 1][3], 2) for i, t in enumerate(counts)}
+    if {"reference", "fused"} <= set(impls):
+        pass_ms = {(r[0], r[2]): r[3] for r in rows}
+        ref_vs_fused = {str(t): round(pass_ms["reference", t] / pass_ms["fused", t], 2) for t in counts}
     model = "" if args.model == "0.6B" else f"-{args.model.lower()}"
     tcs = "-".join(str(t) for t in counts)
     write_measured(
@@ -246,7 +279,10 @@ def run(args: argparse.Namespace) -> int:
                "timed after untimed ones (provenance.run.pass_warmup_per_round) that bring the weights back into "
                "the caches after the probes and the other implementation, the state the floor's probe is in. "
                "Eager reference int8 = torch quantize_dynamic, int4 = torch _weight_int4pack_mm_for_cpu (bf16 "
-               "activations); their stored bytes differ slightly from the format's. Frames use top-k 50 "
+               "activations); their stored bytes differ slightly from the format's. 'compiled' (fp32 only) is the "
+               "static-cache predictor of vllm_omni.gpu.static_frame with its pass under torch.compile (inductor, "
+               "fullgraph, static shapes; compiled during each thread count's untimed warm-up); its attention "
+               "covers all 16 cache slots with a mask, and its code choices run eagerly. Frames use top-k 50 "
                "Gumbel sampling at temperature 0.9 from fixed uniforms."
                + (" Quick mode: few repetitions, for doctests only, not a figure." if args.quick else "")),
     )

@@ -174,6 +174,12 @@ class StaticPredictor:
         noise = -torch.log(-torch.log(uniforms.index_select(0, idx)))
         return idx.index_select(0, torch.argmax(vals + noise).view(1))[0]
 
+    def pass_logits(self, x: Tensor, pos: Tensor, head: Tensor) -> Tensor:
+        """One pass: tokens ``x`` [T, H] at positions ``pos`` [T], then ``head`` [V, H] on the last
+        one; fp32 logits [V]. The head comes in as a tensor so that a compiled pass
+        (``vllm_omni.cpu.compiled``) serves every codebook with one graph."""
+        return F.linear(self.stack.forward_last(x, pos), head)[0].float()
+
     @torch.no_grad()
     def frame(self, past_hidden: Tensor, c0_embed: Tensor, uniforms: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(codes int64 [15], embed_sum fp32 [H_t]) as the reference computes them; greedy when
@@ -183,8 +189,7 @@ class StaticPredictor:
         codes = torch.empty(n, dtype=torch.int64, device=self.device)
         embed_sum = c0_embed.float().clone()
         for k in range(1, n + 1):
-            h = self.stack.forward_last(x, self.positions[k - 1])
-            logits = F.linear(h, self.heads[k - 1])[0].float()
+            logits = self.pass_logits(x, self.positions[k - 1], self.heads[k - 1])
             c = self.choose(logits, None if uniforms is None else uniforms[k - 1])
             codes[k - 1] = c
             row = self.table[k - 1].index_select(0, c.view(1))  # [1, H_t]
