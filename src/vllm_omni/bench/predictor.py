@@ -164,11 +164,12 @@ def run(args: argparse.Namespace) -> int:
     pass_warmup = 1 if args.quick else PASS_WARMUP
 
     w = random_predictor_weights(spec, seed=args.seed)
+    make = {"reference": lambda: _Reference(w, args.weights), "compiled": lambda: _Compiled(w, args.weights),
+            "fused": lambda: _Fused(w, args.weights, max(counts), args.variant)}
     runners = {}
     for impl in impls:
         try:
-            runners[impl] = (_Fused(w, args.weights, max(counts), args.variant) if impl == "fused"
-                             else {"reference": _Reference, "compiled": _Compiled}[impl](w, args.weights))
+            runners[impl] = make[impl]()
         except (ValueError, NotImplementedError, RuntimeError, OSError) as exc:
             raise BenchError(f"--impl {impl} cannot run --weights {args.weights}: {exc}") from None
     g = torch.Generator().manual_seed(args.seed + 1)
