@@ -77,6 +77,29 @@ def test_stats_median_and_total(parts):
         fr.StepStats.median([])
 
 
+class QueuedTalker:
+    """A talker step that queues ``gpu_ms`` of GPU work and returns without waiting for it,
+    as a CUDA talker does (None: no GPU work)."""
+
+    def __init__(self, gpu_ms: float | None = None):
+        self.gpu_ms = gpu_ms
+
+    def step(self, x):
+        if self.gpu_ms:  # GPU clocks stay under 3 GHz (an H200's peaks near 2): at least gpu_ms
+            torch.cuda._sleep(int(self.gpu_ms * 3e6))
+        return torch.zeros(3072), torch.zeros(8)
+
+
+class ZeroPredictor:
+    def frame(self, hidden, c0_embed, *, greedy, noise_key):
+        return torch.zeros(15, dtype=torch.int64), torch.zeros(8)
+
+
+class FirstCodeSampler:
+    def sample(self, logits):
+        return 0
+
+
 def test_stops_at_eos():
     class EosSampler:
         def sample(self, logits):
@@ -86,11 +109,7 @@ def test_stops_at_eos():
         def frame(self, *a, **k):
             raise AssertionError("the EOS frame is dropped before the predictor runs")
 
-    class ZeroTalker:
-        def step(self, x):
-            return torch.zeros(3072), torch.zeros(8)
-
-    loop = fr.FrameLoop(ZeroTalker(), NoPredictor(), EosSampler(), torch.zeros(3072, 8), sync=False)
+    loop = fr.FrameLoop(QueuedTalker(), NoPredictor(), EosSampler(), torch.zeros(3072, 8), sync=False)
     res = loop.run(4)
     assert res.stopped_at_eos and res.codes.shape == (0, 16) and res.stats == []
 
@@ -113,29 +132,6 @@ def test_sync_env_unset(monkeypatch):
 def test_sync_on_cpu_is_a_no_op():
     fr._synchronize("cpu")
     fr._synchronize(None)
-
-
-class QueuedTalker:
-    """A talker step that queues ``gpu_ms`` of GPU work and returns without waiting for it,
-    as a CUDA talker does (None: no GPU work)."""
-
-    def __init__(self, gpu_ms: float | None = None):
-        self.gpu_ms = gpu_ms
-
-    def step(self, x):
-        if self.gpu_ms:  # GPU clocks stay under 3 GHz (an H200's peaks near 2): at least gpu_ms
-            torch.cuda._sleep(int(self.gpu_ms * 3e6))
-        return torch.zeros(3072), torch.zeros(8)
-
-
-class ZeroPredictor:
-    def frame(self, hidden, c0_embed, *, greedy, noise_key):
-        return torch.zeros(15, dtype=torch.int64), torch.zeros(8)
-
-
-class FirstCodeSampler:
-    def sample(self, logits):
-        return 0
 
 
 @pytest.mark.parametrize("sync", [True, False])
