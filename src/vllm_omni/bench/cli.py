@@ -28,6 +28,7 @@ SUBCOMMAND_MODULES = (
     "engines",
     "compare",
     "audit",
+    "targets",
 )
 
 

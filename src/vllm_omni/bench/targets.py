@@ -1,0 +1,214 @@
+"""``vllm-omni-bench targets``: where the CPU path's targets stand, run by run, as a computed artifact.
+
+The CPU path set three targets (docs/edge/cpu-path.md): a fused predictor pass within 1.3x of
+its read floor at 1 and 2 threads, an int4 frame on 2 threads at a real-time factor of at most
+0.5, and a sampler taking at most 1 % of that frame. This command reads every measured
+predictor and frame artifact under ``results/cpu-path`` and writes one row per run and target,
+so that no run is left out and a new run shows up once the command is rerun (a test fails
+while the committed scoreboard is stale). It measures nothing itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+from pathlib import Path
+from typing import Any
+
+from vllm_omni import __version__
+from vllm_omni.bench.common import BenchError, add_output
+from vllm_omni.results import store
+from vllm_omni.results.schema import Artifact, validate
+
+AREA = "cpu-path"
+NAME = "targets"
+COMMAND = "vllm-omni-bench targets"
+
+PASS_LIMIT = 1.3  # fused pass / floor, at 1 and 2 threads
+PASS_THREADS = (1, 2)
+RTF_LIMIT = 0.5  # int4 frame, 2 threads
+SAMPLER_LIMIT_PCT = 1.0  # sampler's share of that frame
+FRAME_WEIGHTS, FRAME_THREADS = "int4", 2
+FRAME_MS = 80.0
+
+PASS_TARGET = f"pass / floor ≤ {PASS_LIMIT}"
+RTF_TARGET = f"frame RTF ≤ {RTF_LIMIT}"
+SAMPLER_TARGET = f"sampler ≤ {SAMPLER_LIMIT_PCT:g} % of the frame"
+WEIGHT_ORDER = ("fp32", "bf16", "int8", "int4")
+
+COLUMNS = [
+    {"name": "host", "unit": None, "type": "text"},
+    {"name": "kernels", "unit": None, "type": "text"},
+    {"name": "target", "unit": None, "type": "text"},
+    {"name": "weights", "unit": None, "type": "text"},
+    {"name": "threads", "unit": None, "type": "number"},
+    {"name": "measured", "unit": None, "type": "number", "format": ".2f"},
+    {"name": "limit", "unit": None, "type": "number", "format": "g"},
+    {"name": "met", "unit": None, "type": "text"},
+    {"name": "pass / reads alone", "unit": None, "type": "number", "format": ".2f"},
+    {"name": "eager / fused", "unit": None, "type": "number", "format": ".1f"},
+    {"name": "peak memory", "unit": "MiB", "type": "number", "format": ".0f"},
+    {"name": "artifact", "unit": None, "type": "text"},
+    {"name": "commit", "unit": None, "type": "text"},
+]
+
+
+def host_label(host: dict[str, Any]) -> str:
+    """The CPU as its artifact records it: name, family/model where recorded, vector ISA, cores."""
+    name = " ".join(str(host.get("cpu") or "unknown CPU").replace("(R)", "").split())
+    ident = host.get("cpu_id")
+    family = f" ({ident.split(', stepping')[0]})" if ident else ""
+    isa = "AVX-512" if "avx512f" in (host.get("isa") or []) else "AVX2"
+    cores = host.get("cores_total")
+    return f"{name}{family}, {isa}" + (f", {cores} cores" if cores else "")
+
+
+def _commit(prov: dict[str, Any]) -> str | None:
+    repo = prov.get("repo") or {}
+    sha = repo.get("sha") or (prov.get("builds") or {}).get("vllm_omni")
+    if not sha:
+        return None
+    return sha[:7] + (" (dirty)" if repo.get("dirty") else "")
+
+
+def _peak(art: Artifact) -> float:
+    peak = (art.provenance.get("run") or {}).get("peak_rss_mib")
+    if peak is None:
+        raise BenchError(f"{art.path or art.id}: provenance.run.peak_rss_mib: missing; every CPU-path "
+                         "benchmark artifact must state its peak memory")
+    return peak
+
+
+def _kernels(art: Artifact) -> str | None:
+    run = art.provenance.get("run") or {}
+    isa = run.get("native_isa")
+    variant = run.get("variant")
+    if isa and variant and variant != "native":
+        return f"{isa} ({variant} build)"
+    return isa
+
+
+def _by_name(art: Artifact) -> list[dict[str, Any]]:
+    names = [c.name for c in art.columns]
+    return [dict(zip(names, row)) for row in art.rows]
+
+
+def _pass_rows(art: Artifact) -> list[list[Any]]:
+    rows = _by_name(art)
+    eager = {r["threads"]: r["pass median"] for r in rows if r["impl"] == "reference"}
+    out = []
+    for r in rows:
+        if r["impl"] != "fused" or r["threads"] not in PASS_THREADS:
+            continue
+        ratio = r["pass / floor"]
+        ref = eager.get(r["threads"])
+        out.append([
+            host_label(art.provenance["host"]), _kernels(art), PASS_TARGET, r["weights"], r["threads"],
+            ratio, PASS_LIMIT, "yes" if ratio <= PASS_LIMIT else "no", r.get("pass / reads alone"),
+            round(ref / r["pass median"], 2) if ref else None, _peak(art), art.id, _commit(art.provenance),
+        ])
+    return out
+
+
+def _frame_rows(art: Artifact) -> list[list[Any]]:
+    prov = art.provenance
+    if prov.get("quantization") != FRAME_WEIGHTS or prov.get("threads") != FRAME_THREADS:
+        return []
+    median = {r["component"]: r["median"] for r in _by_name(art)}
+    try:
+        total, sampler = median["total"], median["sampler"]
+    except KeyError as exc:
+        raise BenchError(f"{art.path or art.id}: rows: no {exc.args[0]!r} row") from None
+    rtf = round(total / FRAME_MS, 3)
+    share = round(100 * sampler / total, 2)
+    common = [host_label(prov["host"]), None]
+    tail = [None, None, _peak(art), art.id, _commit(prov)]
+    return [
+        common + [RTF_TARGET, FRAME_WEIGHTS, FRAME_THREADS, rtf, RTF_LIMIT,
+                  "yes" if rtf <= RTF_LIMIT else "no"] + tail,
+        common + [SAMPLER_TARGET, FRAME_WEIGHTS, FRAME_THREADS, share, SAMPLER_LIMIT_PCT,
+                  "yes" if share <= SAMPLER_LIMIT_PCT else "no"] + tail,
+    ]
+
+
+def scoreboard(root: str | Path | None = None) -> list[list[Any]]:
+    """One row per measured fused run and target under ``root``'s cpu-path area, in a fixed order."""
+    rows: list[list[Any]] = []
+    for art_id, art in store.load_all(root).items():
+        if not art_id.startswith(f"{AREA}/") or art.origin != "measured":
+            continue
+        source = art.provenance.get("source", "")
+        if source.startswith("vllm-omni-bench predictor"):
+            rows += _pass_rows(art)
+        elif source == "vllm-omni-bench frame (fused)":
+            rows += _frame_rows(art)
+    targets = (PASS_TARGET, RTF_TARGET, SAMPLER_TARGET)
+    rows.sort(key=lambda r: (r[0], targets.index(r[2]), WEIGHT_ORDER.index(r[3]), r[4], r[11]))
+    return rows
+
+
+def build(root: str | Path | None = None) -> dict[str, Any]:
+    """The scoreboard artifact (validated, not written); ``root`` is the results tree it reads."""
+    data = {
+        "schema": 1,
+        "id": f"{AREA}/{NAME}",
+        "title": "Where the CPU path's targets stand, run by run",
+        "origin": "computed",
+        "provenance": {
+            "source": "vllm-omni-bench targets: every measured predictor and fused frame artifact under "
+                      f"results/{AREA}, checked against the CPU path's targets",
+            "date": _dt.date.today().isoformat(),
+            "host": {"cpu": None, "cores_used": None, "isa": None, "gpu": None, "memory_gib": None},
+            "model": "Qwen3-TTS-12Hz-0.6B",
+            "weights": "as in each source artifact (random, seed 0, published shapes)",
+            "quantization": None,
+            "threads": None,
+            "builds": {"vllm_omni": __version__},
+            "command": COMMAND,
+        },
+        "columns": COLUMNS,
+        "rows": scoreboard(root),
+        "notes": (
+            f"One row per run: the fused rows at {' and '.join(map(str, PASS_THREADS))} threads of every "
+            f"predictor artifact, and every fused {FRAME_WEIGHTS} frame on {FRAME_THREADS} threads. "
+            "'measured' is pass / floor (the median pass over the time its bytes take at the best read "
+            "rate of the run), the frame's median total over 80 ms, or the sampler's median as a "
+            "percentage of the frame's. 'pass / reads alone' is the kernel's share of pass / floor, "
+            "'eager / fused' the eager reference's median pass over the fused one in the same run "
+            "(empty where the run timed the fused kernel only). 'peak memory' is the benchmark "
+            "process's; 'commit' is the revision measured. Host, kernels and figures are copied "
+            "from each artifact's provenance and rows."
+        ),
+        "compare": {"tolerance": 1e-9, "key_columns": ["artifact", "target", "threads"],
+                    "columns": ["measured", "met"]},
+    }
+    validate(data)
+    return data
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "targets",
+        help="check every measured CPU-path run against the targets and write the scoreboard",
+        description=(
+            f"Read the measured predictor and fused frame artifacts under results/{AREA} and write "
+            f"results/{AREA}/{NAME}.json: one row per run and target, met or not. Measures nothing."
+        ),
+    )
+    p.add_argument("--no-write", action="store_true", help="print the counts only")
+    add_output(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    data = build()
+    counts: dict[tuple[str, str], list[int]] = {}
+    for row in data["rows"]:
+        met_total = counts.setdefault((row[0], row[2]), [0, 0])
+        met_total[0] += row[7] == "yes"
+        met_total[1] += 1
+    for (host, target), (met, total) in counts.items():
+        print(f"{host} | {target}: {met} of {total} runs met")
+    if not args.no_write:
+        print(f"wrote {store.write(data, args.output)}")
+    return 0

@@ -1,0 +1,106 @@
+"""The CPU-path scoreboard: which runs it reads, how it judges them, and its refusals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from vllm_omni.bench import cli, targets
+from vllm_omni.bench.common import BenchError
+from vllm_omni.results import load, published_results_dir
+
+BOARD = load("cpu-path/targets")
+NAMES = [c.name for c in BOARD.columns]
+
+
+def rows(art_rows=None):
+    return [dict(zip(NAMES, r)) for r in (BOARD.rows if art_rows is None else art_rows)]
+
+
+def _copy(tmp_path):
+    root = tmp_path / "results"
+    shutil.copytree(published_results_dir(), root)
+    return root
+
+
+def _edit(root, art_id, change):
+    path = root / f"{art_id}.json"
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def test_targets_is_a_registered_subcommand():
+    assert "targets" in cli.SUBCOMMAND_MODULES
+
+
+def test_every_fused_pass_at_one_and_two_threads_has_a_row():
+    expected = set()
+    for art_id in ("cpu-path/predictor-both-int4-t1-2-zen1", "cpu-path/predictor-both-int4-t1-16-device-host",
+                   "cpu-path/predictor-fused-fp32-t1-2-device-host"):
+        art = load(art_id)
+        impl, threads = art.column_index("impl"), art.column_index("threads")
+        expected |= {(art_id, r[threads]) for r in art.rows if r[impl] == "fused" and r[threads] <= 2}
+    found = {(r["artifact"], r["threads"]) for r in rows() if r["target"] == targets.PASS_TARGET}
+    assert expected <= found
+    # the 16-thread sweep contributes its 1- and 2-thread rows only
+    assert {t for a, t in found if a.endswith("t1-16-device-host")} == {1, 2}
+
+
+def test_pass_rows_copy_the_run_and_judge_it():
+    art = load("cpu-path/predictor-both-int8-t1-2-zen1")
+    src = {(r[0], r[2]): dict(zip([c.name for c in art.columns], r)) for r in art.rows}
+    for r in rows():
+        if r["artifact"] != art.id:
+            continue
+        fused, eager = src[("fused", r["threads"])], src[("reference", r["threads"])]
+        assert r["measured"] == fused["pass / floor"]
+        assert r["met"] == ("yes" if fused["pass / floor"] <= 1.3 else "no")
+        assert r["eager / fused"] == pytest.approx(eager["pass median"] / fused["pass median"], abs=0.006)
+        assert r["peak memory"] == art.provenance["run"]["peak_rss_mib"]
+        assert r["kernels"] == "AVX2" and r["host"].startswith("AMD EPYC (family 23, model 1), AVX2")
+
+
+def test_frames_give_an_rtf_and_a_sampler_row_each():
+    frame = load("cpu-path/frame-fused-int4-t2-zen1")
+    median = dict((r[0], r[1]) for r in frame.rows)
+    mine = {r["target"]: r for r in rows() if r["artifact"] == frame.id}
+    assert mine[targets.RTF_TARGET]["measured"] == pytest.approx(median["total"] / 80, abs=5e-4)
+    assert mine[targets.SAMPLER_TARGET]["measured"] == pytest.approx(100 * median["sampler"] / median["total"], abs=5e-3)
+    # frames at other thread counts, and the eager frame, are outside the frame target
+    assert not {"cpu-path/frame-fused-int4-t8-device-host", "cpu-path/frame-reference-fp32-t2"} & {r["artifact"] for r in rows()}
+
+
+def test_a_faster_run_flips_its_verdict(tmp_path):
+    root = _copy(tmp_path)
+    art_id = "cpu-path/predictor-both-int4-t1-2-zen1"
+
+    def faster(data):
+        for row in data["rows"]:
+            if row[0] == "fused" and row[2] == 2:
+                row[9] = 1.25  # pass / floor
+
+    _edit(root, art_id, faster)
+    board = {(r["artifact"], r["threads"], r["target"]): r for r in rows(targets.scoreboard(root))}
+    assert board[(art_id, 2, targets.PASS_TARGET)]["met"] == "yes"
+    assert board[(art_id, 1, targets.PASS_TARGET)]["met"] == "no"
+
+
+def test_a_run_without_its_peak_memory_is_refused(tmp_path):
+    root = _copy(tmp_path)
+    _edit(root, "cpu-path/frame-fused-int4-t2-zen1", lambda d: d["provenance"]["run"].pop("peak_rss_mib"))
+    with pytest.raises(BenchError, match=r"frame-fused-int4-t2-zen1.json: provenance.run.peak_rss_mib: missing"):
+        targets.scoreboard(root)
+
+
+@pytest.mark.parametrize(("host", "label"), [
+    ({"cpu": "AMD EPYC", "cpu_id": "family 23, model 1, stepping 2", "isa": ["avx2"], "cores_total": 2},
+     "AMD EPYC (family 23, model 1), AVX2, 2 cores"),
+    ({"cpu": "AMD EPYC", "isa": ["avx2", "avx512f"], "cores_total": 2}, "AMD EPYC, AVX-512, 2 cores"),
+    ({"cpu": "Intel(R) Xeon(R) Processor", "cpu_id": "family 6, model 207, stepping 2", "isa": ["avx512f"]},
+     "Intel Xeon Processor (family 6, model 207), AVX-512"),
+])
+def test_host_label_says_only_what_the_artifact_records(host, label):
+    assert targets.host_label(host) == label
