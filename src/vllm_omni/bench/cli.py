@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from vllm_omni.bench.common import BenchError
+from vllm_omni.results import host_load
 from vllm_omni.results.schema import ArtifactError
 
 # Subcommand modules under vllm_omni.bench; each defines register(subparsers).
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    host_load.mark()
     try:
         return int(args.func(args) or 0)
     except (BenchError, ArtifactError) as exc:

@@ -48,9 +48,14 @@ COLUMNS = [
     {"name": "pass / reads alone", "unit": None, "type": "number", "format": ".2f"},
     {"name": "eager / fused", "unit": None, "type": "number", "format": ".1f"},
     {"name": "peak memory", "unit": "MiB", "type": "number", "format": ".0f"},
+    {"name": "steal", "unit": "%", "type": "number", "format": ".1f"},
+    {"name": "other load", "unit": "%", "type": "number", "format": ".1f"},
     {"name": "artifact", "unit": None, "type": "text"},
     {"name": "commit", "unit": None, "type": "text"},
 ]
+
+
+NAMES = [c["name"] for c in COLUMNS]
 
 
 def host_label(host: dict[str, Any]) -> str:
@@ -79,6 +84,13 @@ def _peak(art: Artifact) -> float:
     return peak
 
 
+def _lost(art: Artifact) -> list[float | None]:
+    """Steal and other processes' load over the run, in % of all CPU time (null where not recorded)."""
+    run = art.provenance.get("run") or {}
+    return [None if run.get(k) is None else round(100 * run[k], 1)
+            for k in ("host_steal_share", "host_other_busy_share")]
+
+
 def _kernels(art: Artifact) -> str | None:
     run = art.provenance.get("run") or {}
     isa = run.get("native_isa")
@@ -105,7 +117,8 @@ def _pass_rows(art: Artifact) -> list[list[Any]]:
         out.append([
             host_label(art.provenance["host"]), _kernels(art), PASS_TARGET, r["weights"], r["threads"],
             ratio, PASS_LIMIT, "yes" if ratio <= PASS_LIMIT else "no", r.get("pass / reads alone"),
-            round(ref / r["pass median"], 2) if ref else None, _peak(art), art.id, _commit(art.provenance),
+            round(ref / r["pass median"], 2) if ref else None, _peak(art), *_lost(art), art.id,
+            _commit(art.provenance),
         ])
     return out
 
@@ -122,7 +135,7 @@ def _frame_rows(art: Artifact) -> list[list[Any]]:
     rtf = round(total / FRAME_MS, 3)
     share = round(100 * sampler / total, 2)
     common = [host_label(prov["host"]), None]
-    tail = [None, None, _peak(art), art.id, _commit(prov)]
+    tail = [None, None, _peak(art), *_lost(art), art.id, _commit(prov)]
     return [
         common + [RTF_TARGET, FRAME_WEIGHTS, FRAME_THREADS, rtf, RTF_LIMIT,
                   "yes" if rtf <= RTF_LIMIT else "no"] + tail,
@@ -143,7 +156,8 @@ def scoreboard(root: str | Path | None = None) -> list[list[Any]]:
         elif source == "vllm-omni-bench frame (fused)":
             rows += _frame_rows(art)
     targets = (PASS_TARGET, RTF_TARGET, SAMPLER_TARGET)
-    rows.sort(key=lambda r: (r[0], targets.index(r[2]), WEIGHT_ORDER.index(r[3]), r[4], r[11]))
+    artifact = NAMES.index("artifact")
+    rows.sort(key=lambda r: (r[0], targets.index(r[2]), WEIGHT_ORDER.index(r[3]), r[4], r[artifact]))
     return rows
 
 
@@ -176,7 +190,9 @@ def build(root: str | Path | None = None) -> dict[str, Any]:
             "percentage of the frame's. 'pass / reads alone' is the kernel's share of pass / floor, "
             "'eager / fused' the eager reference's median pass over the fused one in the same run "
             "(empty where the run timed the fused kernel only). 'peak memory' is the benchmark "
-            "process's; 'commit' is the revision measured. Host, kernels and figures are copied "
+            "process's; 'steal' and 'other load' are the shares of all CPU time taken by the "
+            "hypervisor and by other processes during the run (empty for runs made before the "
+            "benchmarks recorded them); 'commit' is the revision measured. Host, kernels and figures are copied "
             "from each artifact's provenance and rows."
         ),
         "compare": {"tolerance": 1e-9, "key_columns": ["artifact", "target", "threads"],

@@ -18,6 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
+from . import host_load
 from .store import repo_root
 
 # ISA features that matter for CPU inference, in the order we report them.
@@ -175,5 +176,5 @@ def capture(
         "repo": git,
         "packages": pkgs,
         "argv": argv_list,
-        "run": {"peak_rss_mib": peak_rss_mib(), **(run or {})},
+        "run": {"peak_rss_mib": peak_rss_mib(), **host_load.since_mark(), **(run or {})},
     }
