@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from vllm_omni.results import charts, load_file, validate
-from vllm_omni.results.charts import ChartError, ChartSpec, chart_data, chart_svg
+from vllm_omni.results.charts import ChartSpec, chart_data, chart_svg
 from vllm_omni.results.directives import DirectiveError, find, substitute
 
 ROOT = Path(__file__).resolve().parents[1]

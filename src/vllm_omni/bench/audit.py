@@ -9,12 +9,10 @@ specs; a test reruns this command and fails when the committed files are stale.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 from pathlib import Path
 from typing import Any
 
-from vllm_omni import __version__
-from vllm_omni.bench.common import add_output
+from vllm_omni.bench.common import add_output, computed_provenance
 from vllm_omni.results import store
 from vllm_omni.results.schema import validate
 
@@ -51,18 +49,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _provenance() -> dict[str, Any]:
-    return {
-        "source": "vllm-omni-bench audit: the study summary's arithmetic, recomputed from its transcribed "
-                  "figures under results/ and the model specs in vllm_omni.models",
-        "date": _dt.date.today().isoformat(),
-        "host": {"cpu": None, "cores_used": None, "isa": None, "gpu": None, "memory_gib": None},
-        "model": "Qwen3-TTS-12Hz-0.6B",
-        "weights": "none: arithmetic on stated figures and published shapes",
-        "quantization": None,
-        "threads": None,
-        "builds": {"vllm_omni": __version__},
-        "command": COMMAND,
-    }
+    return computed_provenance(
+        COMMAND, model="Qwen3-TTS-12Hz-0.6B", weights="none: arithmetic on stated figures and published shapes",
+        source="vllm-omni-bench audit: the study summary's arithmetic, recomputed from its transcribed "
+               "figures under results/ and the model specs in vllm_omni.models",
+    )
 
 
 def build(root: str | Path | None = None) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import re
 import statistics
 import sys
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from vllm_omni import __version__
 from vllm_omni.results import provenance, store
 from vllm_omni.results.schema import validate
 
@@ -19,6 +21,22 @@ class BenchError(ValueError):
 
 WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
 IMPLS = ("reference", "fused")
+
+
+def computed_provenance(command: str, *, source: str, model: str | None, weights: str,
+                        quantization: str | None = None) -> dict[str, Any]:
+    """Provenance of a computed artifact: derived, not measured, so no host, threads or run."""
+    return {
+        "source": source,
+        "date": _dt.date.today().isoformat(),
+        "host": {"cpu": None, "cores_used": None, "isa": None, "gpu": None, "memory_gib": None},
+        "model": model,
+        "weights": weights,
+        "quantization": quantization,
+        "threads": None,
+        "builds": {"vllm_omni": __version__},
+        "command": command,
+    }
 
 
 def add_output(parser: argparse.ArgumentParser) -> None:

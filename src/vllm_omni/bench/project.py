@@ -11,8 +11,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from vllm_omni import __version__
-from vllm_omni.bench.common import BenchError, add_output
+from vllm_omni.bench.common import BenchError, add_output, computed_provenance
 from vllm_omni.models import MODELS, WEIGHT_FORMATS, get_model
 from vllm_omni.models.counts import frame_breakdown
 from vllm_omni.projection import (
@@ -79,19 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _provenance(command: str, *, model: str | None, quantization: str | None, source: str,
                 weights: str = "none: analytic, from the published shapes") -> dict[str, Any]:
-    import datetime as _dt
-
-    return {
-        "source": source,
-        "date": _dt.date.today().isoformat(),
-        "host": {"cpu": None, "cores_used": None, "isa": None, "gpu": None, "memory_gib": None},
-        "model": model,
-        "weights": weights,
-        "quantization": quantization,
-        "threads": None,
-        "builds": {"vllm_omni": __version__},
-        "command": command,
-    }
+    return computed_provenance(command, source=source, model=model, weights=weights, quantization=quantization)
 
 
 def _row(p: Projection) -> list[Any]:

@@ -11,12 +11,10 @@ while the committed scoreboard is stale). It measures nothing itself.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 from pathlib import Path
 from typing import Any
 
-from vllm_omni import __version__
-from vllm_omni.bench.common import BenchError, add_output
+from vllm_omni.bench.common import BenchError, add_output, computed_provenance
 from vllm_omni.results import store
 from vllm_omni.results.schema import Artifact, validate
 
@@ -168,18 +166,12 @@ def build(root: str | Path | None = None) -> dict[str, Any]:
         "id": f"{AREA}/{NAME}",
         "title": "Where the CPU path's targets stand, run by run",
         "origin": "computed",
-        "provenance": {
-            "source": "vllm-omni-bench targets: every measured predictor and fused frame artifact under "
-                      f"results/{AREA}, checked against the CPU path's targets",
-            "date": _dt.date.today().isoformat(),
-            "host": {"cpu": None, "cores_used": None, "isa": None, "gpu": None, "memory_gib": None},
-            "model": "Qwen3-TTS-12Hz-0.6B",
-            "weights": "as in each source artifact (random, seed 0, published shapes)",
-            "quantization": None,
-            "threads": None,
-            "builds": {"vllm_omni": __version__},
-            "command": COMMAND,
-        },
+        "provenance": computed_provenance(
+            COMMAND, model="Qwen3-TTS-12Hz-0.6B",
+            weights="as in each source artifact (random, seed 0, published shapes)",
+            source="vllm-omni-bench targets: every measured predictor and fused frame artifact under "
+                   f"results/{AREA}, checked against the CPU path's targets",
+        ),
         "columns": COLUMNS,
         "rows": scoreboard(root),
         "notes": (
