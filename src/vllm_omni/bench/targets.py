@@ -51,8 +51,6 @@ COLUMNS = [
     {"name": "artifact", "unit": None, "type": "text"},
     {"name": "commit", "unit": None, "type": "text"},
 ]
-
-
 NAMES = [c["name"] for c in COLUMNS]
 
 
@@ -212,8 +210,9 @@ def run(args: argparse.Namespace) -> int:
     data = build()
     counts: dict[tuple[str, str], list[int]] = {}
     for row in data["rows"]:
-        met_total = counts.setdefault((row[0], row[2]), [0, 0])
-        met_total[0] += row[7] == "yes"
+        r = dict(zip(NAMES, row))
+        met_total = counts.setdefault((r["host"], r["target"]), [0, 0])
+        met_total[0] += r["met"] == "yes"
         met_total[1] += 1
     for (host, target), (met, total) in counts.items():
         print(f"{host} | {target}: {met} of {total} runs met")
