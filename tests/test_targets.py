@@ -104,3 +104,18 @@ def test_a_run_without_its_peak_memory_is_refused(tmp_path):
 ])
 def test_host_label_says_only_what_the_artifact_records(host, label):
     assert targets.host_label(host) == label
+
+
+def test_a_closed_pipe_ends_the_command_quietly(monkeypatch, capsys):
+    """`vllm-omni-bench targets --no-write | head -1`: the reader stops early, no traceback."""
+    import io
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone
+    with capsys.disabled():
+        out = io.TextIOWrapper(os.fdopen(write_end, "wb"), line_buffering=True)
+        monkeypatch.setattr("sys.stdout", out)
+        assert cli.main(["targets", "--no-write"]) == 141
+        out.write("after\n")  # stdout now leads nowhere, quietly
+        out.close()

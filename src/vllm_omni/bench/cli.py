@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from vllm_omni.bench.common import BenchError
@@ -53,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     except (BenchError, ArtifactError) as exc:
         print(f"vllm-omni-bench {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader closed our stdout (`... | head`): stop as a Unix filter does, without a
+        # traceback, and keep the interpreter from failing again as it flushes stdout on exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":
