@@ -119,3 +119,12 @@ def test_a_closed_pipe_ends_the_command_quietly(monkeypatch, capsys):
         assert cli.main(["targets", "--no-write"]) == 141
         out.write("after\n")  # stdout now leads nowhere, quietly
         out.close()
+
+
+@pytest.mark.parametrize("command", ["predictor", "frame", "talker", "sampler", "bandwidth", "gemv", "quality"])
+def test_every_cpu_path_benchmark_takes_a_name(command):
+    """A second run, or a run on another host, is kept beside the committed one under its own name."""
+    args = cli.build_parser().parse_args([command, "--name", "x-other-host"])
+    assert args.name == "x-other-host"
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args([command, "--name", "../escape"])

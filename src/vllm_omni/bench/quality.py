@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_omni.bench.common import BenchError, add_output, resolve_threads, set_threads, write_measured
+from vllm_omni.bench.common import BenchError, add_name, add_output, resolve_threads, set_threads, write_measured
 
 SEEDS = tuple(range(12))
 # (implementation, weight format); the eager fp32 reference is the baseline.
@@ -55,6 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--quick", action="store_true", help="3 inputs instead of 12 (for doctests)")
+    add_name(p, "cpu-path", "quality-<model>")
     add_output(p)
     p.set_defaults(func=run)
 
