@@ -32,6 +32,7 @@ def measured(**over) -> dict:
             "command": "vllm-omni-bench kernel --threads 2",
             "repo": {"sha": None, "dirty": None}, "packages": {},
             "argv": [".venv/bin/vllm-omni-bench", "kernel", "--threads", "2", "--output", "/tmp/x"],
+            "run": {"peak_rss_mib": 100.0},
         },
         "columns": [
             {"name": "impl", "unit": None, "type": "text"},

@@ -25,6 +25,8 @@ BAD = {
     "bad-date": "provenance.date",
     "unknown-field": "comment",
     "measured-without-command": "provenance.command",
+    "measured-without-peak-memory": "provenance.run.peak_rss_mib",
+    "steal-share-out-of-range": "provenance.run.host_steal_share",
     "bad-column-type": "columns[1].type",
     "invalid-json": "(json)",
 }

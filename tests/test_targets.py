@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from vllm_omni.bench import cli, targets
-from vllm_omni.bench.common import BenchError
+from vllm_omni.results.schema import ArtifactError
 from vllm_omni.results import load, published_results_dir
 
 BOARD = load("cpu-path/targets")
@@ -91,7 +91,7 @@ def test_a_faster_run_flips_its_verdict(tmp_path):
 def test_a_run_without_its_peak_memory_is_refused(tmp_path):
     root = _copy(tmp_path)
     _edit(root, "cpu-path/frame-fused-int4-t2-zen1", lambda d: d["provenance"]["run"].pop("peak_rss_mib"))
-    with pytest.raises(BenchError, match=r"frame-fused-int4-t2-zen1.json: provenance.run.peak_rss_mib: missing"):
+    with pytest.raises(ArtifactError, match=r"frame-fused-int4-t2-zen1.json: provenance.run.peak_rss_mib: missing"):
         targets.scoreboard(root)
 
 

@@ -197,6 +197,14 @@ def validate(data: Any, path: str | Path = "<artifact>") -> Artifact:
         for key in ("repo", "packages", "argv"):
             if key not in prov:
                 c.fail(f"provenance.{key}", "missing (required for measured artifacts; use provenance capture)")
+        run = prov.get("run")
+        if not isinstance(run, dict) or not _is_number(run.get("peak_rss_mib")):
+            c.fail("provenance.run.peak_rss_mib", "missing or not a number (a measured artifact states the peak "
+                   "memory of the process that measured it; use provenance capture)")
+        for key in ("host_steal_share", "host_other_busy_share"):
+            value = run.get(key)
+            if value is not None and not (_is_number(value) and 0 <= value <= 1):
+                c.fail(f"provenance.run.{key}", f"expected a fraction between 0 and 1 or null, got {value!r}")
 
     host = c.keys(prov["host"], "provenance.host", HOST_REQUIRED, HOST_OPTIONAL)
     c.string(host["cpu"], "provenance.host.cpu", nullable=True)
