@@ -148,8 +148,10 @@ def scoreboard(root: str | Path | None = None) -> list[list[Any]]:
         elif source == "vllm-omni-bench frame (fused)":
             rows += _frame_rows(art)
     targets = (PASS_TARGET, RTF_TARGET, SAMPLER_TARGET)
-    artifact = NAMES.index("artifact")
-    rows.sort(key=lambda r: (r[0], targets.index(r[2]), WEIGHT_ORDER.index(r[3]), r[4], r[artifact]))
+    host, target, weights, threads, artifact = (NAMES.index(n) for n in ("host", "target", "weights", "threads",
+                                                                        "artifact"))
+    rows.sort(key=lambda r: (r[host], targets.index(r[target]), WEIGHT_ORDER.index(r[weights]), r[threads],
+                             r[artifact]))
     return rows
 
 
@@ -178,8 +180,8 @@ def build(root: str | Path | None = None) -> dict[str, Any]:
             "(empty where the run timed the fused kernel only). 'peak memory' is the benchmark "
             "process's; 'steal' and 'other load' are the shares of all CPU time taken by the "
             "hypervisor and by other processes during the run (empty for runs made before the "
-            "benchmarks recorded them); 'commit' is the revision measured. Host, kernels and figures are copied "
-            "from each artifact's provenance and rows."
+            "benchmarks recorded them); 'commit' is the revision measured. Host, kernels and "
+            "figures are copied from each artifact's provenance and rows."
         ),
         "compare": {"tolerance": 1e-9, "key_columns": ["artifact", "target", "threads"],
                     "columns": ["measured", "met"]},
