@@ -73,18 +73,18 @@ def _commit(prov: dict[str, Any]) -> str | None:
 
 
 def _peak(art: Artifact) -> float:
-    return art.provenance["run"]["peak_rss_mib"]  # the schema requires it of a measured artifact
+    return art.provenance["run"]["peak_rss_mib"]
 
 
 def _lost(art: Artifact) -> list[float | None]:
     """Steal and other processes' load over the run, in % of all CPU time (null where not recorded)."""
-    run = art.provenance.get("run") or {}
+    run = art.provenance["run"]  # the schema requires it of a measured artifact
     return [None if run.get(k) is None else round(100 * run[k], 1)
             for k in ("host_steal_share", "host_other_busy_share")]
 
 
 def _kernels(art: Artifact) -> str | None:
-    run = art.provenance.get("run") or {}
+    run = art.provenance["run"]  # the schema requires it of a measured artifact
     isa = run.get("native_isa")
     variant = run.get("variant")
     if isa and variant and variant != "native":
