@@ -260,6 +260,28 @@ def test_tiles_agree_bit_for_bit_across_builds(variant, fmt):
     assert torch.equal(ys[0], ys[1])
 
 
+@pytest.mark.parametrize("variant", ["native", "avx2", "generic"])
+def test_int8_tiles_stay_exact_at_the_largest_magnitudes(variant):
+    """Weights and activations of one magnitude quantise to +-127 everywhere, so each int16 pair
+    sum of the AVX2 dot is +-2 * 127 * 127, the most it can hold without saturating. The product
+    must still equal the float one, in every build, with signs that agree and that do not."""
+    import ctypes
+
+    from vllm_omni.cpu import native
+    from vllm_omni.cpu.predictor import vo_mat
+    from vllm_omni.cpu.quant import quantize
+
+    g = torch.Generator().manual_seed(3)
+    cols = 1088
+    x = torch.where(torch.rand(2, cols, generator=g) < 0.5, -1.0, 1.0)
+    w = torch.cat([x, -x, torch.where(torch.rand(60, cols, generator=g) < 0.5, -1.0, 1.0)])
+    y = torch.full((2, 64), float("nan"))
+    lib = native.load(variant)
+    assert lib.vo_linear(native.FMT_CODES["int8"], ctypes.byref(vo_mat(quantize(w, "int8"))), x.data_ptr(), 2, y.data_ptr(), 1) == 0
+    assert y[0, 0] == pytest.approx(cols, rel=1e-5) and y[0, 2] == pytest.approx(-cols, rel=1e-5)
+    torch.testing.assert_close(y, x @ w.T, atol=0, rtol=1e-5)
+
+
 def test_projection_path_of_the_larger_model():
     """1.7B: inputs are talker-width (2048) and go through small_to_mtp_projection (1 layer)."""
     from vllm_omni.cpu.predictor import FusedPredictor

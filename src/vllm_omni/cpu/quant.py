@@ -5,7 +5,7 @@ Formats (the byte counts of ``vllm_omni.models.linear_bytes``):
 - ``fp32``: the matrix itself, 4 B per weight.
 - ``int8``: symmetric per output row, ``w[i, j] ~= scale[i] * q[i, j]`` with
   ``scale[i] = max_j |w[i, j]| / 127`` (fp32) and ``q`` in -127..127: 1 B per weight plus 4 B
-  per row. The bytes ``q + 128`` (0..254, ``uint8``) come in tiles of 32 rows laid out for the
+  per row. The bytes ``q + 128`` (1..255, ``uint8``) come in tiles of 32 rows laid out for the
   kernels' integer dots, like int4's: for each group of 32 inputs a tile holds 1024 bytes,
   sixteen 64-byte lines, ``2j`` for rows 0-15 and ``2j + 1`` for rows 16-31, whose 4-byte
   lane ``r`` holds elements ``4j .. 4j + 3`` of the group for row ``r`` (or ``16 + r``). ``data`` is
