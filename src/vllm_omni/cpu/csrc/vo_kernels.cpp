@@ -566,11 +566,8 @@ inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
 }
 #elif defined(VO_AVX2)
 // The AVX2 form: each 64-byte line is two halves of 8 lanes. maddubs saturates at int16, too
-// narrow for q + 128, so the bytes go back to q (never -128, so its sign can be flipped) and
-// take the activation word's signs; the word's magnitudes, taken once per line pair, are the
-// unsigned operand for the four 8-row parts. Taking the magnitudes of the weights instead, 64
-// bytes at a time, cost a fifth more time per group from L1 on an AVX2-only development host
-// (first-generation EPYC, family 23 model 1), with the same sums (docs/analysis/cpu-kernels.md).
+// narrow for q + 128, so the bytes go back to q and the sign moves onto the activation word,
+// which is broadcast once per line pair and serves the four 8-row parts.
 // f[k][g & 1] += the scaled sums of group g (bytes x) for rows 8k .. 8k + 7.
 inline void q8_group_avx2(const uint8_t* x, const Act& a, int64_t g, __m256 (*f)[2]) {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
@@ -578,10 +575,10 @@ inline void q8_group_avx2(const uint8_t* x, const Act& a, int64_t g, __m256 (*f)
     __m256i s[4];  // rows 8k .. 8k + 7: 32-byte part k of each line pair (k / 2: the row half)
     for (auto& sk : s) sk = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
-        const __m256i aw = _mm256_set1_epi32(act_word(q + 4 * j)), am = _mm256_abs_epi8(aw);
+        const __m256i aw = _mm256_set1_epi32(act_word(q + 4 * j));
         for (int k = 0; k < 4; ++k) {
             const __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(x + 128 * j + 32 * k)), flip);
-            s[k] = _mm256_add_epi32(s[k], _mm256_madd_epi16(_mm256_maddubs_epi16(am, _mm256_sign_epi8(v, aw)), ones));
+            s[k] = _mm256_add_epi32(s[k], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(aw, v)), ones));
         }
     }
     const __m256 d = _mm256_set1_ps(a.d[g]);
