@@ -31,8 +31,10 @@ def test_child_environments(monkeypatch):
 def test_bad_arguments_are_refused(tmp_path):
     from vllm_omni.bench.cli import main
 
-    assert main(["vllm-inprocess", "--rounds", "0", "--output", str(tmp_path)]) == 2
-    assert main(["vllm-inprocess", "--stage2-size", "0", "--output", str(tmp_path)]) == 2
+    for flag in ("--rounds", "--stage2-size"):
+        with pytest.raises(SystemExit) as info:
+            main(["vllm-inprocess", flag, "0", "--output", str(tmp_path)])
+        assert info.value.code == 2
     assert not any(tmp_path.iterdir())
 
 

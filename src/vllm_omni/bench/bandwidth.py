@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_omni.bench.common import BenchError, add_name, add_output, resolve_threads, write_measured
+from vllm_omni.bench.common import add_name, add_output, cpu_threads, resolve_threads, write_measured
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bandwidth", help="read bandwidth at 1..N threads (native and torch probes)")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=cpu_threads, default=None,
                    help="highest thread count to probe (default: all usable cores); 1..N are measured")
     p.add_argument("--quick", action="store_true", help="256 MiB buffer, fewer sweeps: for doctests, not for figures")
     add_name(p, "cpu-path", "read-bandwidth")
@@ -21,8 +21,6 @@ def run(args: argparse.Namespace) -> int:
     from vllm_omni.cpu.bandwidth import read_bandwidth_probes
 
     top = resolve_threads(args.threads)
-    if top < 1:
-        raise BenchError(f"--threads must be >= 1, got {top}")
     rows = []
     for t in range(1, top + 1):
         r = read_bandwidth_probes(t, quick=args.quick)

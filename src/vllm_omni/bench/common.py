@@ -23,6 +23,38 @@ WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
 IMPLS = ("reference", "fused")
 
 
+def _whole_number(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for counts (rounds, repeats, frames, sizes): a whole number >= 1."""
+    return _whole_number(text, 1)
+
+
+def nonnegative_int(text: str) -> int:
+    """An argparse type for seeds and positions: a whole number >= 0."""
+    return _whole_number(text, 0)
+
+
+def cpu_threads(text: str) -> int:
+    """An argparse type for a thread count: at least 1 and at most the CPUs this process may run
+    on. More threads than CPUs would time the scheduler's sharing of them, not the kernels."""
+    value = positive_int(text)
+    usable = provenance.usable_cpus()
+    if value > usable:
+        raise argparse.ArgumentTypeError(
+            f"{value} threads is more than the {usable} CPUs this process may run on (its CPU affinity); "
+            f"give at most {usable}, or run on a machine with more cores")
+    return value
+
+
 def computed_provenance(command: str, *, source: str, model: str | None, weights: str,
                         quantization: str | None = None) -> dict[str, Any]:
     """Provenance of a computed artifact: derived, not measured, so no host, threads or run."""
@@ -73,13 +105,14 @@ def add_suffix(parser: argparse.ArgumentParser, what: str) -> None:
 
 def add_common(parser: argparse.ArgumentParser, *, weights: bool = True, impl: bool = True) -> None:
     """--threads, --weights, --impl, --quick, --seed and --output, with the project's defaults."""
-    parser.add_argument("--threads", type=int, default=None, help="torch/OpenMP threads (default: all usable cores)")
+    parser.add_argument("--threads", type=cpu_threads, default=None,
+                        help="torch/OpenMP threads (default: all usable cores)")
     if weights:
         parser.add_argument("--weights", choices=WEIGHT_FORMATS, default="fp32", help="weight format")
     if impl:
         parser.add_argument("--impl", choices=IMPLS, default="fused", help="eager reference or fused kernel")
     parser.add_argument("--quick", action="store_true", help="few repetitions: for doctests, not for figures")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
+    parser.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights and inputs")
     add_output(parser)
 
 
@@ -119,14 +152,13 @@ def thread_counts(args: argparse.Namespace) -> list[int]:
     """The thread counts of a sweep: ``--thread-counts`` (comma-separated), else ``--threads`` or all usable cores."""
     if getattr(args, "thread_counts", None):
         try:
-            counts = [int(t) for t in args.thread_counts.split(",") if t.strip()]
-        except ValueError:
-            raise BenchError(
-                f"--thread-counts must be integers separated by commas, got {args.thread_counts!r}") from None
+            counts = [cpu_threads(t) for t in args.thread_counts.split(",") if t.strip()]
+        except argparse.ArgumentTypeError as exc:
+            raise BenchError(f"--thread-counts {args.thread_counts!r}: {exc}") from None
     else:
         counts = [resolve_threads(getattr(args, "threads", None))]
-    if not counts or min(counts) < 1:
-        raise BenchError(f"thread counts must be >= 1, got {counts}")
+    if not counts:
+        raise BenchError(f"--thread-counts must be thread counts separated by commas, got {args.thread_counts!r}")
     return counts
 
 

@@ -29,8 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_omni.bench.common import (BenchError, add_name, add_output, median, parse_list, resolve_threads, time_calls,
-                                    write_measured)
+from vllm_omni.bench.common import (
+    BenchError, add_name, add_output, cpu_threads, median, nonnegative_int, parse_list, positive_int, resolve_threads,
+    time_calls, write_measured,
+)
 from vllm_omni.bench.predictor import PASS_POSITION
 from vllm_omni.models import get_model, predictor_pass_bytes
 
@@ -55,15 +57,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"comma-separated engines (default: all of {', '.join(ENGINES)}); this project's "
                         "kernel is always included")
     p.add_argument("--weights", default=",".join(FORMATS), help="comma-separated formats out of fp32,int8,int4")
-    p.add_argument("--threads", type=int, default=None, help="threads every engine uses (default: all usable cores)")
-    p.add_argument("--layers", type=int, default=None,
+    p.add_argument("--threads", type=cpu_threads, default=None, help="threads every engine uses (default: all usable cores)")
+    p.add_argument("--layers", type=positive_int, default=None,
                    help="predictor blocks (default 5, the published depth; --quick 1)")
-    p.add_argument("--rounds", type=int, default=None, help="round-robin rounds (default 7; --quick 1)")
-    p.add_argument("--repeats", type=int, default=None, help="timed passes per runner per round (default 10; --quick 3)")
+    p.add_argument("--rounds", type=positive_int, default=None, help="round-robin rounds (default 7; --quick 1)")
+    p.add_argument("--repeats", type=positive_int, default=None, help="timed passes per runner per round (default 10; --quick 3)")
     p.add_argument("--workdir", type=Path, default=None,
                    help="where exported and converted models go (default: a temporary folder, removed afterwards)")
     p.add_argument("--quick", action="store_true", help="one block, few repetitions: for doctests, not for figures")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights")
     add_name(p, "engines", "cross-engine-t<threads>[-l<layers>]")
     add_output(p)
     p.set_defaults(func=run)
@@ -138,16 +140,12 @@ def run(args: argparse.Namespace) -> int:
     engines = parse_list(args.engines, ENGINES, "engines")
     formats = parse_list(args.weights, FORMATS, "weights")
     threads = resolve_threads(args.threads)
-    if threads < 1:
-        raise BenchError(f"--threads must be >= 1, got {threads}")
     spec = get_model("0.6B")
     layers = args.layers or (1 if args.quick else spec.predictor.layers)
     if not 1 <= layers <= spec.predictor.layers:
         raise BenchError(f"--layers must be in 1..{spec.predictor.layers}, got {layers}")
     rounds = args.rounds or (1 if args.quick else 7)
     repeats = args.repeats or (3 if args.quick else 10)
-    if rounds < 1 or repeats < 1:
-        raise BenchError("--rounds and --repeats must be >= 1")
     position = PASS_POSITION
     torch.set_num_threads(threads)
 

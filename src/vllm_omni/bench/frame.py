@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_omni.bench.common import add_common, add_name, resolve_threads, set_threads, write_measured
+from vllm_omni.bench.common import (
+    add_common, add_name, nonnegative_int, positive_int, resolve_threads, set_threads, write_measured,
+)
 from vllm_omni.bench.talker import (
     add_kv_cache_arg,
     add_model_args,
@@ -27,8 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_name(p, "cpu-path", "frame-<impl>-<weights>-t<threads>[-<model>][-kv<cache>]")
     add_model_args(p)
     add_kv_cache_arg(p)
-    p.add_argument("--cache", type=int, default=None, help="talker KV length before the first frame (default 256; --quick 8)")
-    p.add_argument("--frames", type=int, default=None, help="timed frames (default 20; --quick 2)")
+    p.add_argument("--cache", type=nonnegative_int, default=None, help="talker KV length before the first frame (default 256; --quick 8)")
+    p.add_argument("--frames", type=positive_int, default=None, help="timed frames (default 20; --quick 2)")
     p.add_argument("--sampler", choices=("eager", "fast"), default=None,
                    help="talker sampler (default: eager with --impl reference, fast with --impl fused)")
     p.add_argument("--greedy-residuals", action="store_true", help="argmax for c1..c15 instead of sampling")

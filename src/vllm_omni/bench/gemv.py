@@ -24,7 +24,8 @@ from __future__ import annotations
 import argparse
 
 from vllm_omni.bench.common import (
-    BenchError, add_name, add_output, median, parse_list, thread_counts, time_calls, write_measured,
+    BenchError, add_name, add_output, median, nonnegative_int, parse_list, positive_int, thread_counts, time_calls,
+    write_measured,
 )
 from vllm_omni.bench.predictor import PASS_POSITION
 from vllm_omni.models import get_model
@@ -39,9 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", default=",".join(FORMATS),
                    help=f"comma-separated weight formats (default {','.join(FORMATS)})")
     p.add_argument("--thread-counts", default=None, help="comma-separated thread counts (default: all usable cores)")
-    p.add_argument("--rounds", type=int, default=None, help="rounds per set, each probe then GEMVs (default 3; --quick 1)")
+    p.add_argument("--rounds", type=positive_int, default=None, help="rounds per set, each probe then GEMVs (default 3; --quick 1)")
     p.add_argument("--quick", action="store_true", help="fewer sweeps, a smaller memory set: for doctests, not for figures")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights")
     p.add_argument("--variant", choices=("native", "avx2", "generic"), default="native",
                    help="build of the fused kernels: this CPU's full ISA (default), AVX2 only, or plain C")
     add_name(p, "cpu-path", "gemv-speed-t<thread counts>[-<variant>]")
@@ -67,8 +68,6 @@ def run(args: argparse.Namespace) -> int:
     fmts = parse_list(args.weights, FORMATS, "weights")
     counts = thread_counts(args)
     rounds = args.rounds or (1 if args.quick else 3)
-    if rounds < 1:
-        raise BenchError(f"--rounds must be >= 1, got {rounds}")
     l2, l3 = G.cache_bytes(2), G.cache_bytes(3)
     l2_used, l3_used = l2 or FALLBACK_L2, l3 or FALLBACK_L3
     pass_reps = 5 if args.quick else 20

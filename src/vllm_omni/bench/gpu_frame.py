@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from vllm_omni import mps
-from vllm_omni.bench.common import BenchError, add_output
+from vllm_omni.bench.common import BenchError, add_output, nonnegative_int, positive_int
 from vllm_omni.bench.talker import QUICK_LAYERS, add_model_args, id_suffix
 from vllm_omni.models import get_model
 
@@ -155,15 +155,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"--quick {','.join(map(str, QUICK_CAPS))})")
     p.add_argument("--no-mps", action="store_true", help="one plain child on the whole GPU, no MPS daemon")
     p.add_argument("--modes", default="graph,eager", help="graph, eager or both (default graph,eager)")
-    p.add_argument("--cache", type=int, default=None,
+    p.add_argument("--cache", type=nonnegative_int, default=None,
                    help="talker KV length before the first frame (default 256; --quick 8)")
-    p.add_argument("--frames", type=int, default=None, help="timed frames per mode (default 200; --quick 5)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed frames first (default 20; --quick 2)")
+    p.add_argument("--frames", type=positive_int, default=None, help="timed frames per mode (default 200; --quick 5)")
+    p.add_argument("--warmup", type=nonnegative_int, default=None, help="untimed frames first (default 20; --quick 2)")
     p.add_argument("--greedy-residuals", action="store_true", help="argmax for c1..c15 instead of Gumbel top-50")
     p.add_argument("--child-timeout", type=float, default=180.0, help="seconds one child may take (default 180)")
     p.add_argument("--quick", action="store_true",
                    help="shallow talker, two caps, few frames: for doctests, not figures")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights")
     add_output(p)
     p.set_defaults(func=run)
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import re
 
-from vllm_omni.bench.common import BenchError, add_output, write_measured
+from vllm_omni.bench.common import BenchError, add_output, positive_int, write_measured
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gpu-matmul", help="dense bf16 matmul TFLOPS on cuda:0 (identifies the GPU class)")
-    p.add_argument("--n", type=int, default=8192, help="matrix size (default 8192, as in the study)")
-    p.add_argument("--iters", type=int, default=20, help="timed iterations (default 20, as in the study)")
+    p.add_argument("--n", type=positive_int, default=8192, help="matrix size (default 8192, as in the study)")
+    p.add_argument("--iters", type=positive_int, default=20, help="timed iterations (default 20, as in the study)")
     add_output(p)
     p.set_defaults(func=run)
 

@@ -31,8 +31,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from vllm_omni.bench.common import (BenchError, add_output, add_suffix, median, parse_list, thread_counts, time_calls,
-                                    write_measured)
+from vllm_omni.bench.common import (
+    BenchError, add_output, add_suffix, cpu_threads, median, nonnegative_int, parse_list, positive_int, thread_counts,
+    time_calls, write_measured,
+)
 from vllm_omni.bench.predictor import PASS_POSITION
 from vllm_omni.models import get_model
 
@@ -52,20 +54,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"comma-separated parts of {', '.join(PARTS)} (default: all; --quick: predictor)")
     p.add_argument("--formats", default=None,
                    help=f"comma-separated formats of {', '.join(FORMATS)} (default: all; --quick: int4)")
-    p.add_argument("--threads", type=int, default=None, help="threads (default: all usable cores)")
+    p.add_argument("--threads", type=cpu_threads, default=None, help="threads (default: all usable cores)")
     p.add_argument("--thread-counts", default=None, help="comma-separated thread counts measured in one run, e.g. 1,2")
     p.add_argument("--model", choices=("0.6B", "1.7B"), default="0.6B", help="model size (random weights)")
-    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5; --quick 1)")
-    p.add_argument("--repeats", type=int, default=None, help="timed calls per engine per round (default 10; --quick 3)")
-    p.add_argument("--talker-position", type=int, default=None,
+    p.add_argument("--rounds", type=positive_int, default=None, help="interleaved rounds (default 5; --quick 1)")
+    p.add_argument("--repeats", type=positive_int, default=None, help="timed calls per engine per round (default 10; --quick 3)")
+    p.add_argument("--talker-position", type=nonnegative_int, default=None,
                    help=f"KV position of the timed talker step (default {TALKER_POSITION})")
-    p.add_argument("--prefill-tokens", type=int, default=None, help=f"talker prefill length (default {PREFILL_TOKENS})")
+    p.add_argument("--prefill-tokens", type=positive_int, default=None, help=f"talker prefill length (default {PREFILL_TOKENS})")
     p.add_argument("--kv-type", choices=("f16", "f32"), default="f16",
                    help="llama.cpp KV cache type (its default: f16)")
     p.add_argument("--workdir", type=Path, default=None, help="folder for the GGUF files (default: a temporary one)")
     p.add_argument("--quick", action="store_true",
                    help="one predictor layer, int4 only, few repetitions: for doctests, not for figures")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights")
     add_suffix(p, "each artifact's name, llamacpp-<part>-t<thread counts>[-<model>]")
     add_output(p)
     p.set_defaults(func=run)
@@ -263,15 +265,11 @@ def run(args: argparse.Namespace) -> int:
     counts = thread_counts(args)
     rounds = args.rounds or (1 if args.quick else 5)
     repeats = args.repeats or (3 if args.quick else 10)
-    if rounds < 1 or repeats < 1:
-        raise BenchError("--rounds and --repeats must be >= 1")
     p_layers = QUICK["predictor_layers"] if args.quick else spec.predictor.layers
     t_layers = QUICK["talker_layers"] if args.quick else spec.talker.layers
     t_pos = args.talker_position if args.talker_position is not None else (
         QUICK["talker_position"] if args.quick else TALKER_POSITION)
     n_prefill = args.prefill_tokens or (QUICK["prefill_tokens"] if args.quick else PREFILL_TOKENS)
-    if t_pos < 0 or n_prefill < 1:
-        raise BenchError("--talker-position must be >= 0 and --prefill-tokens >= 1")
     why = llamacpp.unavailable()
     if why:
         raise BenchError(why)

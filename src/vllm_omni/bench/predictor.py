@@ -26,7 +26,8 @@ from __future__ import annotations
 import argparse
 
 from vllm_omni.bench.common import (
-    BenchError, WEIGHT_FORMATS, add_name, add_output, median, thread_counts, time_calls, write_measured,
+    WEIGHT_FORMATS, BenchError, add_name, add_output, cpu_threads, median, nonnegative_int, positive_int, thread_counts,
+    time_calls, write_measured,
 )
 from vllm_omni.models import get_model, predictor_pass_bytes
 
@@ -46,7 +47,7 @@ PASS_WARMUP = 10
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predictor", help="time the code predictor (per pass and per frame) against its bandwidth floor")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=cpu_threads, default=None,
                    help="threads (default: all usable cores); see --thread-counts for a sweep")
     p.add_argument("--thread-counts", default=None, help="comma-separated thread counts measured in one run, e.g. 1,2")
     p.add_argument("--weights", choices=WEIGHT_FORMATS, default="int4", help="weight format")
@@ -55,8 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "reference and fused interleaved in one run (both), or all three (all)")
     p.add_argument("--model", choices=("0.6B", "1.7B"), default="0.6B", help="model size (random weights)")
     p.add_argument("--quick", action="store_true", help="few repetitions: for doctests, not for figures")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
-    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5; --quick 1)")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights and inputs")
+    p.add_argument("--rounds", type=positive_int, default=None, help="interleaved rounds (default 5; --quick 1)")
     p.add_argument("--variant", choices=("native", "avx2", "generic"), default="native",
                    help="build of the fused kernels: this CPU's full ISA (default), AVX2 only, or plain C")
     add_name(p, "cpu-path", "predictor-<impl>-<weights>-t<thread counts>[-<model>][-<variant>]")

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_omni.bench.common import BenchError, add_name, add_output, resolve_threads, set_threads, write_measured
+from vllm_omni.bench.common import (
+    BenchError, add_name, add_output, cpu_threads, nonnegative_int, resolve_threads, set_threads, write_measured,
+)
 
 SEEDS = tuple(range(12))
 # (implementation, weight format); the eager fp32 reference is the baseline.
@@ -52,8 +54,8 @@ def agreement(codes, baseline) -> tuple[float, int, float]:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("quality", help="greedy code agreement of each predictor build with the fp32 reference")
     p.add_argument("--model", choices=("0.6B", "1.7B"), default="0.6B")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--threads", type=cpu_threads, default=None)
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights")
     p.add_argument("--quick", action="store_true", help="3 inputs instead of 12 (for doctests)")
     add_name(p, "cpu-path", "quality-<model>")
     add_output(p)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_omni.bench.common import add_common, add_name, median, resolve_threads, set_threads, write_measured
+from vllm_omni.bench.common import (
+    add_common, add_name, median, positive_int, resolve_threads, set_threads, write_measured,
+)
 
 HISTORY = 64  # generated ids before the timed calls: the repetition penalty has work to do
 
@@ -17,7 +19,7 @@ HISTORY = 64  # generated ids before the timed calls: the repetition penalty has
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sampler", help="time the talker sampler (eager and fast) and residual-code sampling")
     add_common(p, weights=False, impl=False)
-    p.add_argument("--repeats", type=int, default=None, help="timed samples per row (default 500; --quick 20)")
+    p.add_argument("--repeats", type=positive_int, default=None, help="timed samples per row (default 500; --quick 20)")
     add_name(p, "cpu-path", "sampler-t<threads>")
     p.set_defaults(func=run)
 

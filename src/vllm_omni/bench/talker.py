@@ -10,7 +10,8 @@ import argparse
 from typing import Any
 
 from vllm_omni.bench.common import (
-    BenchError, add_common, add_name, median, resolve_threads, set_threads, time_calls, write_measured,
+    BenchError, add_common, add_name, median, nonnegative_int, positive_int, resolve_threads, set_threads, time_calls,
+    write_measured,
 )
 from vllm_omni.models import get_model
 from vllm_omni.models.counts import layer_bytes, talker_frame_bytes
@@ -20,7 +21,7 @@ QUICK_LAYERS = 2  # --quick runs a shallow stack so doctests take seconds; never
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=("0.6B", "1.7B"), default="0.6B", help="model size (random weights)")
-    p.add_argument("--layers", type=int, default=None,
+    p.add_argument("--layers", type=positive_int, default=None,
                    help=f"talker layers to build (default: all 28; --quick: {QUICK_LAYERS})")
 
 
@@ -110,8 +111,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_name(p, "cpu-path", "talker-<impl>-<weights>-t<threads>[-<model>][-kv<cache>]")
     add_model_args(p)
     add_kv_cache_arg(p)
-    p.add_argument("--cache", type=int, default=None, help="KV length before the timed steps (default 256; --quick 16)")
-    p.add_argument("--repeats", type=int, default=None, help="timed steps (default 20; --quick 3)")
+    p.add_argument("--cache", type=nonnegative_int, default=None, help="KV length before the timed steps (default 256; --quick 16)")
+    p.add_argument("--repeats", type=positive_int, default=None, help="timed steps (default 20; --quick 3)")
     p.set_defaults(func=run)
 
 

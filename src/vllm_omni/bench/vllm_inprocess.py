@@ -45,7 +45,9 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_omni.bench.common import BenchError, add_output, median, require_vllm_plugin, write_measured
+from vllm_omni.bench.common import (
+    BenchError, add_output, cpu_threads, median, positive_int, require_vllm_plugin, write_measured,
+)
 
 COMMAND = "vllm-inprocess"
 CONFIGS = (
@@ -59,13 +61,13 @@ CONFIGS = (
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(COMMAND, help="in-process vLLM engine with OMP_NUM_THREADS unset: decode step and a "
                                      "second stage's torch op, with and without the plugin")
-    p.add_argument("--rounds", type=int, default=5, help="runs of each configuration, interleaved (default 5)")
-    p.add_argument("--requests", type=int, default=3, help="requests decoded one after another per run (default 3)")
-    p.add_argument("--tokens", type=int, default=32, help="decode steps per request (default 32)")
-    p.add_argument("--stage2-threads", type=int, default=None,
+    p.add_argument("--rounds", type=positive_int, default=5, help="runs of each configuration, interleaved (default 5)")
+    p.add_argument("--requests", type=positive_int, default=3, help="requests decoded one after another per run (default 3)")
+    p.add_argument("--tokens", type=positive_int, default=32, help="decode steps per request (default 32)")
+    p.add_argument("--stage2-threads", type=cpu_threads, default=None,
                    help="threads the second stage asks for (default: half the usable cores, at least 1)")
-    p.add_argument("--stage2-ops", type=int, default=50, help="timed matmuls of the second stage (default 50)")
-    p.add_argument("--stage2-size", type=int, default=256, help="the second stage's square matmul size (default 256)")
+    p.add_argument("--stage2-ops", type=positive_int, default=50, help="timed matmuls of the second stage (default 50)")
+    p.add_argument("--stage2-size", type=positive_int, default=256, help="the second stage's square matmul size (default 256)")
     p.add_argument("--quick", action="store_true", help="1 round, 1 request, 8 tokens, 10 ops: for doctests")
     p.add_argument("--model-dir", type=Path, default=None,
                    help="where to build the tiny model (default: a temporary folder, removed afterwards)")
@@ -234,9 +236,6 @@ def run(args: argparse.Namespace) -> int:
     usable = len(os.sched_getaffinity(0))
     if args.stage2_threads is None:
         args.stage2_threads = max(1, usable // 2)
-    for name in ("rounds", "requests", "tokens", "stage2_threads", "stage2_ops", "stage2_size"):
-        if getattr(args, name) < 1:
-            raise BenchError(f"--{name.replace('_', '-')} must be >= 1")
     if usable < 2:
         raise BenchError("needs at least 2 usable CPUs: with one, torch's default is already one thread")
     require_vllm_plugin("safetensors")

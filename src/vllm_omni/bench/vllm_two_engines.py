@@ -20,7 +20,9 @@ import os
 import time
 from pathlib import Path
 
-from vllm_omni.bench.common import BenchError, add_output, require_vllm_plugin, write_measured
+from vllm_omni.bench.common import (
+    BenchError, add_output, nonnegative_int, positive_int, require_vllm_plugin, write_measured,
+)
 
 STAGES = ("talker", "code2wav")
 MiB = 1 << 20
@@ -29,11 +31,11 @@ MiB = 1 << 20
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("vllm-two-engines",
                        help="two vLLM CPU engines (talker, code2wav) on one socket: cores and KV budgets")
-    p.add_argument("--kv-mib", type=int, nargs=2, default=[64, 32], metavar=("TALKER", "CODE2WAV"),
+    p.add_argument("--kv-mib", type=positive_int, nargs=2, default=[64, 32], metavar=("TALKER", "CODE2WAV"),
                    help="explicit KV budget of each engine in MiB (default: 64 32)")
-    p.add_argument("--env-kv-gib", type=int, default=1,
+    p.add_argument("--env-kv-gib", type=nonnegative_int, default=1,
                    help="VLLM_CPU_KVCACHE_SPACE set for the process, in GiB (0: leave unset; default 1)")
-    p.add_argument("--tokens", type=int, default=8, help="greedy tokens each engine generates (default 8)")
+    p.add_argument("--tokens", type=positive_int, default=8, help="greedy tokens each engine generates (default 8)")
     p.add_argument("--model-dir", type=Path, default=None,
                    help="where to build the tiny model (default: a temporary folder, removed afterwards)")
     add_output(p)
@@ -56,10 +58,6 @@ def _cpu_list(cpus: list[int]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if any(k < 1 for k in args.kv_mib):
-        raise BenchError(f"--kv-mib values must be positive, got {args.kv_mib}")
-    if args.env_kv_gib < 0 or args.tokens < 1:
-        raise BenchError("--env-kv-gib must be >= 0 and --tokens >= 1")
     if len(os.sched_getaffinity(0)) < 2:
         raise BenchError("needs at least 2 usable CPUs (one per stage)")
     require_vllm_plugin("psutil")

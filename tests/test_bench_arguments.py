@@ -1,0 +1,69 @@
+"""Every numeric flag of every `vllm-omni-bench` subcommand refuses a bad value before anything
+runs: counts below 1, seeds and positions below 0, and more threads than the process's CPUs."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from vllm_omni.bench import cli
+from vllm_omni.bench.common import cpu_threads, nonnegative_int, positive_int
+from vllm_omni.results import provenance
+
+USABLE = provenance.usable_cpus()
+VALIDATORS = {positive_int: ("0", "must be at least 1, got 0"),
+              nonnegative_int: ("-1", "must be at least 0, got -1"),
+              cpu_threads: (str(USABLE + 1), f"more than the {USABLE} CPUs this process may run on")}
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    actions = [a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(actions[0].choices)
+
+
+def _numeric_flags():
+    for command, parser in sorted(_subparsers().items()):
+        for action in parser._actions:
+            if action.type in (int, float) or action.type in VALIDATORS:
+                yield command, action
+
+
+def test_no_numeric_flag_takes_a_bare_int():
+    bare = [f"{command} {action.option_strings[0]}" for command, action in _numeric_flags() if action.type is int]
+    assert not bare, f"use positive_int, nonnegative_int or cpu_threads from bench.common: {bare}"
+
+
+def test_the_threads_flags_are_bounded_by_the_cpus():
+    flags = {(c, a.option_strings[0]) for c, a in _numeric_flags() if a.type is cpu_threads}
+    assert ("predictor", "--threads") in flags and ("bandwidth", "--threads") in flags
+    assert all(flag in ("--threads", "--stage2-threads") for _, flag in flags)
+
+
+@pytest.mark.parametrize("command,flag", [(c, a.option_strings[0]) for c, a in _numeric_flags() if a.type in VALIDATORS])
+def test_a_bad_value_is_refused_before_anything_runs(command, flag, tmp_path, capsys):
+    action = next(a for a in _subparsers()[command]._actions if flag in a.option_strings)
+    bad, message = VALIDATORS[action.type]
+    values = action.nargs if isinstance(action.nargs, int) else 1
+    with pytest.raises(SystemExit) as info:
+        cli.main([command, flag, *[bad] * values, "--output", str(tmp_path)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}" in err and message in err
+    with pytest.raises(SystemExit):
+        cli.main([command, flag, *["two"] * values, "--output", str(tmp_path)])
+    assert "expected a whole number, got 'two'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_validators_accept_their_bounds():
+    assert positive_int("1") == 1 and nonnegative_int("0") == 0 and cpu_threads(str(USABLE)) == USABLE
+
+
+def test_thread_counts_are_bounded_by_the_cpus(tmp_path, capsys):
+    assert cli.main(["predictor", "--quick", "--thread-counts", f"1,{USABLE + 1}", "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--thread-counts '1,{USABLE + 1}'" in err and f"more than the {USABLE} CPUs" in err
+    assert cli.main(["predictor", "--quick", "--thread-counts", "1,0", "--output", str(tmp_path)]) == 2
+    assert "must be at least 1, got 0" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
