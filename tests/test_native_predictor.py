@@ -392,6 +392,19 @@ def test_fused_talker_kv_cache_defaults_and_bad_value(talker_weights):
         FusedTalker(talker_weights, "int4", threads=1, max_positions=8, kv_cache="bf16")
 
 
+@pytest.mark.parametrize("name, value", [("threads", 0), ("threads", -1), ("threads", 1.5), ("threads", True),
+                                         ("max_positions", 0), ("max_positions", -5), ("max_positions", 8.0)])
+def test_fused_talker_refuses_counts_that_are_not_whole_and_positive(talker_weights, name, value):
+    import numpy as np
+
+    from vllm_omni.cpu.fused_talker import FusedTalker
+
+    kwargs = {"threads": 1, "max_positions": 8, name: value}
+    with pytest.raises(ValueError, match=f"{name} must be a whole number >= 1, got {value!r}"):
+        FusedTalker(talker_weights, "fp32", **kwargs)
+    assert FusedTalker(talker_weights, "fp32", threads=np.int64(1), max_positions=np.int32(8)).max_positions == 8
+
+
 def test_fused_talker_prefill_and_bounds(talker_weights):
     from vllm_omni.cpu.fused_talker import FusedTalker
 

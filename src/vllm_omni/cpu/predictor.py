@@ -13,6 +13,7 @@ two. ``NativeStack`` (the packed decoder stack with its cache) is shared with th
 from __future__ import annotations
 
 import ctypes
+import operator
 
 import torch
 from torch import Tensor
@@ -21,6 +22,7 @@ from vllm_omni.cpu import native
 from vllm_omni.cpu.hugepages import into_huge_arena
 from vllm_omni.cpu.quant import QuantMatrix, check_format, quantize
 from vllm_omni.cpu.reference import rope_tables
+from vllm_omni.cpu.sampler import check_sampling
 from vllm_omni.cpu.weights import BlockWeights, PredictorWeights
 from vllm_omni.models.spec import StackSpec
 from vllm_omni.results.provenance import usable_cpus
@@ -41,6 +43,17 @@ def _ptr(t: Tensor | None) -> int | None:
 KV_CACHE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 
 
+def _count(name: str, value: object) -> int:
+    """``value`` as an int >= 1 (any integer type, not a bool or a float), else a ValueError naming it."""
+    try:
+        n = operator.index(value)
+    except TypeError:
+        n = None
+    if n is None or isinstance(value, bool) or n < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    return n
+
+
 class NativeStack:
     """A decoder stack packed for the native kernels, with its KV cache (fp32 or fp16) and workspace."""
 
@@ -48,12 +61,10 @@ class NativeStack:
                  max_positions: int, extra_len: int = 0, variant: str = "native", kv_cache: str = "fp32"):
         if kv_cache not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache!r}")
-        self.fmt, self.stack, self.max_positions = check_format(fmt), stack, max_positions
+        self.fmt, self.stack, self.max_positions = check_format(fmt), stack, _count("max_positions", max_positions)
         self.kv_cache = kv_cache
         self.lib = native.load(variant)
-        self.threads = default_threads() if threads is None else int(threads)
-        if self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
+        self.threads = default_threads() if threads is None else _count("threads", threads)
         s = stack
         self._keep: list[object] = []
         self.k_cache, self.v_cache = [], []
@@ -178,6 +189,7 @@ class FusedPredictor:
             raise ValueError(f"past_hidden and c0_embed must be [{self.ht}]")
         uptr, key = None, 0
         if not greedy:
+            check_sampling(temperature, top_k, self.vocab)
             if uniforms is not None:
                 if uniforms.shape != (self.groups, self.vocab):
                     raise ValueError(f"uniforms must be [{self.groups}, {self.vocab}], got {list(uniforms.shape)}")

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vllm_omni.cpu.sampler import counter_uniforms, draw_uniforms, residual_choice
+from vllm_omni.cpu.sampler import check_sampling, counter_uniforms, draw_uniforms, residual_choice
 from vllm_omni.cpu.weights import EMBED_STD, BlockWeights, PredictorWeights, TalkerWeights
 from vllm_omni.models.spec import StackSpec
 
@@ -115,7 +115,7 @@ class KVCache:
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store k, v ([kv_heads, T, head_dim]) and return views of the whole cache."""
-        t, need = k.shape[1], self.length + k.shape[1]
+        need = self.length + k.shape[1]
         if need > self.k.shape[1]:
             cap = max(need, 2 * self.k.shape[1])
             for name in ("k", "v"):
@@ -270,6 +270,8 @@ class ReferencePredictor:
         ``torch.Generator().manual_seed(seed)``.
         """
         n, table = self.spec.residual_codebooks, self.weights.codec_embedding
+        if not greedy:
+            check_sampling(temperature, top_k, self.spec.codebook_size)
         if not greedy and uniforms is None:
             uniforms = (counter_uniforms(noise_key, n, self.spec.codebook_size) if noise_key is not None
                         else draw_uniforms(torch.Generator().manual_seed(seed), n, self.spec.codebook_size))

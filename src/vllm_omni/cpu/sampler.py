@@ -21,6 +21,8 @@ The random draw of talker step ``n`` is ``q = -log u ~ Exp(1)`` over the whole v
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,6 +73,24 @@ def counter_uniforms(key: int, groups: int = 15, size: int = 2048, base: int = 0
     return torch.from_numpy(u.astype(np.float32).reshape(groups, size))
 
 
+def check_sampling(temperature: float, top_k: int, ids: int) -> None:
+    """Refuse, naming the setting, what no sampler here can honour: a temperature that is not a
+    finite number > 0, or a top-k outside 1..``ids`` (the candidates: a codebook or the talker's
+    vocabulary). Without this the native and PyTorch paths would each fail, or not, their own way."""
+    try:
+        t = float(temperature)
+    except (TypeError, ValueError):
+        t = math.nan
+    if isinstance(temperature, bool) or not math.isfinite(t) or t <= 0:
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    try:
+        k = operator.index(top_k)
+    except TypeError:
+        k = 0
+    if isinstance(top_k, bool) or not 1 <= k <= ids:
+        raise ValueError(f"top_k must be a whole number in 1..{ids}, got {top_k!r}")
+
+
 def residual_choice(logits: Tensor, *, greedy: bool, temperature: float = 0.9, top_k: int = 50,
                     uniforms: Tensor | None = None) -> int:
     """One residual code: argmax, or Gumbel-max over the top-k of ``logits / temperature``.
@@ -80,6 +100,7 @@ def residual_choice(logits: Tensor, *, greedy: bool, temperature: float = 0.9, t
     """
     if greedy:
         return int(torch.argmax(logits))
+    check_sampling(temperature, top_k, logits.numel())
     vals, idx = torch.topk(logits / temperature, top_k)
     g = -torch.log(-torch.log(uniforms[idx]))
     return int(idx[torch.argmax(vals + g)])
@@ -99,6 +120,19 @@ class SamplerConfig:
     vocab: int = 3072
     codebook_size: int = 2048
     eos_id: int = 2150
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.codebook_size <= self.vocab:
+            raise ValueError(f"codebook_size must be in 1..vocab ({self.vocab}), got {self.codebook_size}")
+        if not 0 <= self.eos_id < self.vocab:
+            raise ValueError(f"eos_id must be in 0..{self.vocab - 1}, got {self.eos_id}")
+        check_sampling(self.temperature, self.top_k, self.vocab)
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}")
+        if self.min_new_tokens < 0:
+            raise ValueError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
 
     @classmethod
     def for_model(cls, spec: ModelSpec, **kw) -> "SamplerConfig":
