@@ -115,7 +115,7 @@ def test_stops_at_eos():
 
 
 @pytest.mark.parametrize("value,want", [("1", True), ("true", True), (" ON ", True), ("yes", True),
-                                        ("0", False), ("", False), ("false", False), ("no", False)])
+                                        ("0", False), ("", False), ("false", False), ("no", False), ("Off", False)])
 def test_sync_env_parsing(value, want, monkeypatch):
     assert fr.sync_enabled({fr.SYNC_ENV: value}) is want
     monkeypatch.setenv(fr.SYNC_ENV, value)
@@ -127,6 +127,25 @@ def test_sync_env_parsing(value, want, monkeypatch):
 def test_sync_env_unset(monkeypatch):
     monkeypatch.delenv(fr.SYNC_ENV, raising=False)
     assert fr.sync_enabled() is False
+
+
+@pytest.mark.parametrize("value", ["yse", "2", "enable"])
+def test_sync_env_typo_is_refused(value, monkeypatch, tmp_path, capsys):
+    from vllm_omni.bench.cli import main
+
+    monkeypatch.setenv(fr.SYNC_ENV, value)
+    message = f"{fr.SYNC_ENV}={value!r} is not understood; set it to one of 1, true"
+    with pytest.raises(ValueError, match=message):
+        fr.FrameLoop(None, None, None, torch.zeros(4, 2))
+    assert main(["frame", "--quick", "--threads", "1", "--output", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err and not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("frames", [0, -1, 2.0])
+def test_run_refuses_a_frame_count_below_one(frames):
+    loop = fr.FrameLoop(None, None, None, torch.zeros(4, 2), sync=False)
+    with pytest.raises(ValueError, match="frames must be a whole number >= 1"):
+        loop.run(frames)
 
 
 def test_sync_on_cpu_is_a_no_op():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from vllm_omni.bench.common import (
-    add_common, add_name, nonnegative_int, positive_int, resolve_threads, set_threads, write_measured,
+    BenchError, add_common, add_name, nonnegative_int, positive_int, resolve_threads, set_threads, write_measured,
 )
 from vllm_omni.bench.talker import (
     add_kv_cache_arg,
@@ -43,6 +43,10 @@ def run(args: argparse.Namespace) -> int:
     from vllm_omni.cpu.frame import FrameLoop, StepStats, sync_enabled
     from vllm_omni.cpu.sampler import SamplerConfig, make_sampler
 
+    try:
+        sync_enabled()  # a typo in the variable stops the run before any weights are built
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
     spec = get_model(args.model)
     threads = resolve_threads(args.threads)
     set_threads(threads)

@@ -41,10 +41,19 @@ class Sampler(Protocol):
     def sample(self, logits: Tensor) -> int: ...
 
 
+_SYNC_ON, _SYNC_OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
 def sync_enabled(environ: dict[str, str] | None = None) -> bool:
-    """True when ``VLLM_OMNI_STEP_STATS_SYNC`` is set to 1/true/yes/on (case-insensitive)."""
-    value = (os.environ if environ is None else environ).get(SYNC_ENV, "")
-    return value.strip().lower() in ("1", "true", "yes", "on")
+    """True when ``VLLM_OMNI_STEP_STATS_SYNC`` is 1/true/yes/on, False when unset, empty or
+    0/false/no/off (case-insensitive); any other value is refused, so that a typo cannot leave
+    GPU timers unsynchronised while the run looks as asked."""
+    raw = (os.environ if environ is None else environ).get(SYNC_ENV, "")
+    value = raw.strip().lower()
+    if value not in _SYNC_ON + _SYNC_OFF:
+        raise ValueError(f"{SYNC_ENV}={raw!r} is not understood; set it to one of {', '.join(_SYNC_ON)} to "
+                         f"synchronise the step timers, or to one of 0, false, no, off (or unset it) not to")
+    return value in _SYNC_ON
 
 
 def _synchronize(device: torch.device | str | None) -> None:
@@ -113,6 +122,8 @@ class FrameLoop:
     @torch.inference_mode()
     def run(self, frames: int, *, stop_at_eos: bool = True) -> FrameResult:
         """Run up to ``frames`` frames; with ``stop_at_eos`` the EOS frame ends and is dropped."""
+        if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
+            raise ValueError(f"frames must be a whole number >= 1, got {frames!r}")
         text = self.text_terms(frames)
         x = self.codec_embedding[BOS_ID] + text[0]
         rows: list[Tensor] = []
