@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 
 from vllm_omni.bench.common import (
-    WEIGHT_FORMATS, BenchError, add_name, add_output, cpu_threads, median, nonnegative_int, positive_int, thread_counts,
+    BenchError, WEIGHT_FORMATS, add_name, add_output, cpu_threads, median, nonnegative_int, positive_int, thread_counts,
     time_calls, write_measured,
 )
 from vllm_omni.models import get_model, predictor_pass_bytes

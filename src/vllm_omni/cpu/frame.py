@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from vllm_omni.cpu.checks import whole_number
 from vllm_omni.cpu.sampler import frame_noise_key
 from vllm_omni.cpu.weights import EMBED_STD
 
@@ -122,9 +123,7 @@ class FrameLoop:
     @torch.inference_mode()
     def run(self, frames: int, *, stop_at_eos: bool = True) -> FrameResult:
         """Run up to ``frames`` frames; with ``stop_at_eos`` the EOS frame ends and is dropped."""
-        if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
-            raise ValueError(f"frames must be a whole number >= 1, got {frames!r}")
-        text = self.text_terms(frames)
+        text = self.text_terms(whole_number("frames", frames))
         x = self.codec_embedding[BOS_ID] + text[0]
         rows: list[Tensor] = []
         result = FrameResult(codes=torch.empty(0, 16, dtype=torch.int64))

@@ -13,12 +13,12 @@ two. ``NativeStack`` (the packed decoder stack with its cache) is shared with th
 from __future__ import annotations
 
 import ctypes
-import operator
 
 import torch
 from torch import Tensor
 
 from vllm_omni.cpu import native
+from vllm_omni.cpu.checks import whole_number
 from vllm_omni.cpu.hugepages import into_huge_arena
 from vllm_omni.cpu.quant import QuantMatrix, check_format, quantize
 from vllm_omni.cpu.reference import rope_tables
@@ -43,17 +43,6 @@ def _ptr(t: Tensor | None) -> int | None:
 KV_CACHE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 
 
-def _count(name: str, value: object) -> int:
-    """``value`` as an int >= 1 (any integer type, not a bool or a float), else a ValueError naming it."""
-    try:
-        n = operator.index(value)
-    except TypeError:
-        n = None
-    if n is None or isinstance(value, bool) or n < 1:
-        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-    return n
-
-
 class NativeStack:
     """A decoder stack packed for the native kernels, with its KV cache (fp32 or fp16) and workspace."""
 
@@ -61,10 +50,10 @@ class NativeStack:
                  max_positions: int, extra_len: int = 0, variant: str = "native", kv_cache: str = "fp32"):
         if kv_cache not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache!r}")
-        self.fmt, self.stack, self.max_positions = check_format(fmt), stack, _count("max_positions", max_positions)
+        self.fmt, self.stack, self.max_positions = check_format(fmt), stack, whole_number("max_positions", max_positions)
         self.kv_cache = kv_cache
         self.lib = native.load(variant)
-        self.threads = default_threads() if threads is None else _count("threads", threads)
+        self.threads = default_threads() if threads is None else whole_number("threads", threads)
         s = stack
         self._keep: list[object] = []
         self.k_cache, self.v_cache = [], []

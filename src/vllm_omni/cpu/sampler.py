@@ -22,13 +22,13 @@ The random draw of talker step ``n`` is ``q = -log u ~ Exp(1)`` over the whole v
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from vllm_omni.cpu.checks import whole_number
 from vllm_omni.models.spec import ModelSpec
 
 NEG_INF = float("-inf")
@@ -83,12 +83,7 @@ def check_sampling(temperature: float, top_k: int, ids: int) -> None:
         t = math.nan
     if isinstance(temperature, bool) or not math.isfinite(t) or t <= 0:
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-    try:
-        k = operator.index(top_k)
-    except TypeError:
-        k = 0
-    if isinstance(top_k, bool) or not 1 <= k <= ids:
-        raise ValueError(f"top_k must be a whole number in 1..{ids}, got {top_k!r}")
+    whole_number("top_k", top_k, 1, ids)
 
 
 def residual_choice(logits: Tensor, *, greedy: bool, temperature: float = 0.9, top_k: int = 50,
