@@ -27,6 +27,8 @@ BAD = {
     "measured-without-command": "provenance.command",
     "measured-without-peak-memory": "provenance.run.peak_rss_mib",
     "steal-share-out-of-range": "provenance.run.host_steal_share",
+    "core-clock-not-positive": "provenance.run.core_clock_ghz.end",
+    "core-clock-not-start-and-end": "provenance.run.core_clock_ghz",
     "bad-column-type": "columns[1].type",
     "invalid-json": "(json)",
 }

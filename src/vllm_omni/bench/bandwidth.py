@@ -14,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="256 MiB buffer, fewer sweeps: for doctests, not for figures")
     add_name(p, "cpu-path", "read-bandwidth")
     add_output(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, core_clock=True)  # a timed CPU run: its artifact records the core clock
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ import os
 import sys
 
 from vllm_omni.bench.common import BenchError
+from vllm_omni.cpu import clock
 from vllm_omni.results import host_load
 from vllm_omni.results.schema import ArtifactError
 
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     host_load.mark()
+    clock.mark() if getattr(args, "core_clock", False) else clock.clear()
     try:
         return int(args.func(args) or 0)
     except (BenchError, ArtifactError) as exc:

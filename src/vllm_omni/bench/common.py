@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from vllm_omni import __version__
+from vllm_omni.cpu import clock
 from vllm_omni.results import provenance, store
 from vllm_omni.results.schema import validate
 
@@ -229,7 +230,7 @@ def write_measured(
         "origin": "measured",
         "provenance": provenance.capture(
             source=source, model=model, weights=weights, quantization=quantization, threads=threads,
-            argv=argv, builds=builds, run=run,
+            argv=argv, builds=builds, run={**clock.since_mark(), **(run or {})},
         ),
         "columns": columns,
         "rows": rows,

@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="build of the fused kernels: this CPU's full ISA (default), AVX2 only, or plain C")
     add_name(p, "cpu-path", "gemv-speed-t<thread counts>[-<variant>]")
     add_output(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, core_clock=True)  # a timed CPU run: its artifact records the core clock
 
 
 def set_sizes(threads: int, l2: int, l3: int, quick: bool) -> dict[str, int]:

@@ -70,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights")
     add_suffix(p, "each artifact's name, llamacpp-<part>-t<thread counts>[-<model>]")
     add_output(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, core_clock=True)  # a timed CPU run: its artifact records the core clock
 
 
 def _choices(value: str | None, valid: tuple[str, ...], default: tuple[str, ...], what: str) -> list[str]:

@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="build of the fused kernels: this CPU's full ISA (default), AVX2 only, or plain C")
     add_name(p, "cpu-path", "predictor-<impl>-<weights>-t<thread counts>[-<model>][-<variant>]")
     add_output(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, core_clock=True)  # a timed CPU run: its artifact records the core clock
 
 
 class _Reference:

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_common(p, weights=False, impl=False)
     p.add_argument("--repeats", type=positive_int, default=None, help="timed samples per row (default 500; --quick 20)")
     add_name(p, "cpu-path", "sampler-t<threads>")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, core_clock=True)  # a timed CPU run: its artifact records the core clock
 
 
 def run(args: argparse.Namespace) -> int:

@@ -113,7 +113,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_kv_cache_arg(p)
     p.add_argument("--cache", type=nonnegative_int, default=None, help="KV length before the timed steps (default 256; --quick 16)")
     p.add_argument("--repeats", type=positive_int, default=None, help="timed steps (default 20; --quick 3)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, core_clock=True)  # a timed CPU run: its artifact records the core clock
 
 
 def run(args: argparse.Namespace) -> int:

@@ -173,6 +173,7 @@ _SIGNATURES = {
     "vo_talker_sample": (_I64, [P, _I64, P, _I64, _F32, _I64, _I64, _I32, _F32, _I32, _F32, ctypes.c_uint64,
                                 ctypes.c_uint64, P]),
     "vo_read_bandwidth": (ctypes.c_double, [_I64, _I32, _I32, _I32, P]),
+    "vo_clock_ghz": (ctypes.c_double, [_I64]),
     "vo_gemv_sweeps": (_I32, [_I32, ctypes.POINTER(VoMat), _I32, P, _I64, P, _I32, _I32, P]),
     "vo_read_sweeps": (_I32, [_I32, ctypes.POINTER(VoMat), _I32, _I32, _I32, P, ctypes.POINTER(_I64)]),
 }

@@ -205,6 +205,13 @@ def validate(data: Any, path: str | Path = "<artifact>") -> Artifact:
             value = run.get(key)
             if value is not None and not (_is_number(value) and 0 <= value <= 1):
                 c.fail(f"provenance.run.{key}", f"expected a fraction between 0 and 1 or null, got {value!r}")
+        clock = run.get("core_clock_ghz")
+        if clock is not None:
+            if not isinstance(clock, dict) or set(clock) != {"start", "end"}:
+                c.fail("provenance.run.core_clock_ghz", f"expected {{'start': GHz, 'end': GHz}}, got {clock!r}")
+            for key, value in clock.items():
+                if value is not None and not (_is_number(value) and value > 0):
+                    c.fail(f"provenance.run.core_clock_ghz.{key}", f"expected GHz > 0 or null, got {value!r}")
 
     host = c.keys(prov["host"], "provenance.host", HOST_REQUIRED, HOST_OPTIONAL)
     c.string(host["cpu"], "provenance.host.cpu", nullable=True)
