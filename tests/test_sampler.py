@@ -104,25 +104,30 @@ def test_sampler_config_refuses_what_no_sampler_can_honour(field, value, message
         sm.SamplerConfig(**{field: value})
 
 
+@pytest.fixture(scope="module")
+def one_layer_predictors():
+    from vllm_omni.cpu.predictor import FusedPredictor
+    from vllm_omni.cpu.reference import ReferencePredictor
+    from vllm_omni.cpu.weights import random_predictor_weights
+    from vllm_omni.models import MODELS
+
+    w = random_predictor_weights(MODELS["0.6B"], seed=0, layers=1)
+    return ReferencePredictor(w, "fp32"), FusedPredictor(w, "fp32", threads=1)
+
+
 @pytest.mark.parametrize("temperature, top_k, message", [
     (0.0, 50, "temperature must be a finite number > 0, got 0.0"),
     (float("inf"), 50, "temperature must be a finite number > 0"),
     (0.9, 0, "top_k must be a whole number in 1..2048, got 0"),
     (0.9, 2049, "top_k must be a whole number in 1..2048, got 2049"),
 ])
-def test_residual_sampling_refuses_the_same_settings_everywhere(temperature, top_k, message):
+def test_residual_sampling_refuses_the_same_settings_everywhere(temperature, top_k, message, one_layer_predictors):
     """The eager reference, the fused predictor and residual_choice refuse alike, before any work."""
-    from vllm_omni.cpu.predictor import FusedPredictor
-    from vllm_omni.cpu.reference import ReferencePredictor
-    from vllm_omni.cpu.weights import random_predictor_weights
-    from vllm_omni.models import MODELS
-
     u = sm.draw_uniforms(torch.Generator().manual_seed(1))
     with pytest.raises(ValueError, match=message):
         sm.residual_choice(torch.zeros(2048), greedy=False, temperature=temperature, top_k=top_k, uniforms=u[0])
-    w = random_predictor_weights(MODELS["0.6B"], seed=0, layers=1)
     ph, c0 = torch.zeros(1024), torch.zeros(1024)
-    for predictor in (ReferencePredictor(w, "fp32"), FusedPredictor(w, "fp32", threads=1)):
+    for predictor in one_layer_predictors:
         with pytest.raises(ValueError, match=message):
             predictor.frame(ph, c0, greedy=False, temperature=temperature, top_k=top_k, uniforms=u)
         assert predictor.frame(ph, c0, greedy=True, temperature=temperature, top_k=top_k)[0].shape == (15,)
