@@ -63,6 +63,17 @@ def test_pass_rows_copy_the_run_and_judge_it():
         assert r["kernels"] == "AVX2" and r["host"].startswith("AMD EPYC (family 23, model 1), AVX2")
 
 
+def test_the_core_clock_is_copied_where_the_run_recorded_it():
+    for art_id in ("cpu-path/predictor-both-int4-t1-2-zen1-run3", "cpu-path/frame-fused-int4-t2-zen1-run3",
+                   "cpu-path/predictor-both-int4-t1-2-zen1"):
+        clock = load(art_id).provenance["run"].get("core_clock_ghz") or {}
+        mine = [r for r in rows() if r["artifact"] == art_id]
+        assert mine
+        for r in mine:
+            assert r["clock at start"] == (round(clock["start"], 2) if clock else None)
+            assert r["clock at end"] == (round(clock["end"], 2) if clock else None)
+
+
 def test_frames_give_an_rtf_and_a_sampler_row_each():
     frame = load("cpu-path/frame-fused-int4-t2-zen1")
     median = dict((r[0], r[1]) for r in frame.rows)

@@ -48,6 +48,8 @@ COLUMNS = [
     {"name": "peak memory", "unit": "MiB", "type": "number", "format": ".0f"},
     {"name": "steal", "unit": "%", "type": "number", "format": ".1f"},
     {"name": "other load", "unit": "%", "type": "number", "format": ".1f"},
+    {"name": "clock at start", "unit": "GHz", "type": "number", "format": ".2f"},
+    {"name": "clock at end", "unit": "GHz", "type": "number", "format": ".2f"},
     {"name": "artifact", "unit": None, "type": "text"},
     {"name": "commit", "unit": None, "type": "text"},
 ]
@@ -76,11 +78,14 @@ def _peak(art: Artifact) -> float:
     return art.provenance["run"]["peak_rss_mib"]
 
 
-def _lost(art: Artifact) -> list[float | None]:
-    """Steal and other processes' load over the run, in % of all CPU time (null where not recorded)."""
+def _conditions(art: Artifact) -> list[float | None]:
+    """What the host was doing during the run: steal and other processes' load (% of all CPU time),
+    then the core's clock at the start and end (GHz); null where the run did not record them."""
     run = art.provenance["run"]  # the schema requires it of a measured artifact
+    clock = run.get("core_clock_ghz") or {}
     return [None if run.get(k) is None else round(100 * run[k], 1)
-            for k in ("host_steal_share", "host_other_busy_share")]
+            for k in ("host_steal_share", "host_other_busy_share")] + [
+        None if clock.get(k) is None else round(clock[k], 2) for k in ("start", "end")]
 
 
 def _kernels(art: Artifact) -> str | None:
@@ -109,7 +114,7 @@ def _pass_rows(art: Artifact) -> list[list[Any]]:
         out.append([
             host_label(art.provenance["host"]), _kernels(art), PASS_TARGET, r["weights"], r["threads"],
             ratio, PASS_LIMIT, "yes" if ratio <= PASS_LIMIT else "no", r.get("pass / reads alone"),
-            round(ref / r["pass median"], 2) if ref else None, _peak(art), *_lost(art), art.id,
+            round(ref / r["pass median"], 2) if ref else None, _peak(art), *_conditions(art), art.id,
             _commit(art.provenance),
         ])
     return out
@@ -127,7 +132,7 @@ def _frame_rows(art: Artifact) -> list[list[Any]]:
     rtf = round(total / FRAME_MS, 3)
     share = round(100 * sampler / total, 2)
     common = [host_label(prov["host"]), None]
-    tail = [None, None, _peak(art), *_lost(art), art.id, _commit(prov)]
+    tail = [None, None, _peak(art), *_conditions(art), art.id, _commit(prov)]
     return [
         common + [RTF_TARGET, FRAME_WEIGHTS, FRAME_THREADS, rtf, RTF_LIMIT,
                   "yes" if rtf <= RTF_LIMIT else "no"] + tail,
@@ -179,8 +184,9 @@ def build(root: str | Path | None = None) -> dict[str, Any]:
             "'eager / fused' the eager reference's median pass over the fused one in the same run "
             "(empty where the run timed the fused kernel only). 'peak memory' is the benchmark "
             "process's; 'steal' and 'other load' are the shares of all CPU time taken by the "
-            "hypervisor and by other processes during the run (empty for runs made before the "
-            "benchmarks recorded them); 'commit' is the revision measured. Host, kernels and "
+            "hypervisor and by other processes during the run, and 'clock at start' and 'clock at end' "
+            "the clock of the benchmark's core as the run began and ended (each empty for runs made "
+            "before the benchmarks recorded it); 'commit' is the revision measured. Host, kernels and "
             "figures are copied from each artifact's provenance and rows."
         ),
         "compare": {"tolerance": 1e-9, "key_columns": ["artifact", "target", "threads"],

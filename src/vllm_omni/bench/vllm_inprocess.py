@@ -48,6 +48,7 @@ from pathlib import Path
 from vllm_omni.bench.common import (
     BenchError, add_output, cpu_threads, median, positive_int, require_vllm_plugin, write_measured,
 )
+from vllm_omni.results import provenance
 
 COMMAND = "vllm-inprocess"
 CONFIGS = (
@@ -233,7 +234,7 @@ def _run_child(spec: dict, env: dict[str, str]) -> dict:
 def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.rounds, args.requests, args.tokens, args.stage2_ops = 1, 1, 8, 10
-    usable = len(os.sched_getaffinity(0))
+    usable = provenance.usable_cpus()
     if args.stage2_threads is None:
         args.stage2_threads = max(1, usable // 2)
     if usable < 2:
@@ -247,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _measure(args: argparse.Namespace, model: str) -> int:
-    usable = len(os.sched_getaffinity(0))
+    usable = provenance.usable_cpus()
     spec = {"model": model, "tokens": args.tokens, "requests": args.requests,
             "stage2_threads": args.stage2_threads, "stage2_ops": args.stage2_ops, "stage2_size": args.stage2_size}
     runs: dict[str, list[dict]] = {key: [] for key, *_ in CONFIGS}

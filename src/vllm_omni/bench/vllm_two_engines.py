@@ -23,6 +23,7 @@ from pathlib import Path
 from vllm_omni.bench.common import (
     BenchError, add_output, nonnegative_int, positive_int, require_vllm_plugin, write_measured,
 )
+from vllm_omni.results import provenance
 
 STAGES = ("talker", "code2wav")
 MiB = 1 << 20
@@ -58,7 +59,7 @@ def _cpu_list(cpus: list[int]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if len(os.sched_getaffinity(0)) < 2:
+    if provenance.usable_cpus() < 2:
         raise BenchError("needs at least 2 usable CPUs (one per stage)")
     require_vllm_plugin("psutil")
 
@@ -125,7 +126,7 @@ def _measure(args: argparse.Namespace, model: str) -> int:
         ],
         rows=rows,
         model="tiny random-weight Qwen3 (vllm_omni.testing.tiny_qwen3, 2 layers, hidden 128)",
-        weights="random, seed 0", quantization="fp32", threads=len(os.sched_getaffinity(0)),
+        weights="random, seed 0", quantization="fp32", threads=provenance.usable_cpus(),
         source="vllm-omni-bench vllm-two-engines",
         compare={"tolerance": 0.01, "key_columns": ["stage"], "columns": ["kv asked", "kv after startup", "kv blocks", "tokens"]},
         notes=(f"VLLM_CPU_KVCACHE_SPACE={args.env_kv_gib or 'unset'} for the whole process; worker cores disjoint: "
