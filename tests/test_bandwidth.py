@@ -132,3 +132,37 @@ def test_huge_arena_pages_are_untouched_even_after_large_frees():
     second, _, covered = into_huge_arena(items)
     assert second.numel() == first.numel() and covered == covered_first
     del keep
+
+
+def test_env_loads_torch_to_name_the_gpu():
+    """`env` says what the host has: it must ask torch even when nothing has loaded it yet
+    (the provenance of other commands never loads torch just to look)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from vllm_omni.bench import env\n"
+        "assert 'torch' not in sys.modules\n"
+        "name = env.gpu()\n"
+        "assert 'torch' in sys.modules, 'env did not ask torch'\n"
+        "import torch\n"
+        "expected = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None\n"
+        "assert name == expected, (name, expected)\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_env_writes_the_gpu_torch_reports(monkeypatch, tmp_path):
+    import torch
+
+    from vllm_omni.bench import cli
+    from vllm_omni.results import load
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "Example GPU")
+    assert cli.main(["env", "--name", "gpu-check", "--output", str(tmp_path)]) == 0
+    assert load("environment/gpu-check", root=tmp_path).value("GPU", "value") == "Example GPU"
+

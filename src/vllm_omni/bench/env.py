@@ -21,6 +21,16 @@ def host_slug() -> str:
     return f"{slug}-{provenance.usable_cpus()}c"
 
 
+def gpu() -> str | None:
+    """The CUDA device torch sees, loading torch to ask if it is installed: this command's
+    artifact says what the host has. (Other provenance never loads torch just to look.)"""
+    try:
+        import torch  # noqa: F401 - provenance.gpu_name asks the loaded module
+    except ImportError:
+        return None
+    return provenance.gpu_name()
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("env", help="record this host's CPU, memory, ISA and package versions")
     add_name(p, "environment", "CPU model, x86 family and model, cores")
@@ -38,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         ["CPUs this process may use", str(provenance.usable_cpus())],
         ["ISA features", ", ".join(provenance.isa()) or None],
         ["memory (GiB, /proc/meminfo)", None if provenance.memory_gib() is None else f"{provenance.memory_gib():g}"],
-        ["GPU", provenance.gpu_name()],
+        ["GPU", gpu()],
     ]
     rows += [[f"package {name}", version] for name, version in sorted(pkgs.items())]
     write_measured(

@@ -201,9 +201,9 @@ def build(root: str | Path | None = None) -> dict[str, Any]:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "targets",
-        help="check every measured CPU-path run against the targets and write the scoreboard",
+        help="check every measured 0.6B CPU-path run against the targets and write the scoreboard",
         description=(
-            f"Read the measured predictor and fused frame artifacts under results/{AREA} and write "
+            f"Read the measured 0.6B predictor and fused frame artifacts under results/{AREA} and write "
             f"results/{AREA}/{NAME}.json: one row per run and target, met or not. Measures nothing."
         ),
     )

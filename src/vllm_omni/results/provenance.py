@@ -95,6 +95,8 @@ def git_state(root: Path | None = None) -> dict[str, Any]:
 
 
 def package_versions(names: Iterable[str] = DEFAULT_PACKAGES) -> dict[str, str | None]:
+    """Installed versions of ``names`` (distribution names), read from package metadata
+    without importing anything; a package that is not installed is left out."""
     out: dict[str, str | None] = {}
     for name in names:
         try:
