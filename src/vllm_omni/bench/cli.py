@@ -23,6 +23,7 @@ SUBCOMMAND_MODULES = (
     "sampler",
     "frame",
     "bandwidth",
+    "placement",
     "predictor",
     "gemv",
     "vllm-two-engines",

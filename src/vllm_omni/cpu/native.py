@@ -174,6 +174,7 @@ _SIGNATURES = {
                                 ctypes.c_uint64, P]),
     "vo_read_bandwidth": (ctypes.c_double, [_I64, _I32, _I32, _I32, P]),
     "vo_clock_ghz": (ctypes.c_double, [_I64]),
+    "vo_core_round_trip_ns": (ctypes.c_double, [_I64]),
     "vo_gemv_sweeps": (_I32, [_I32, ctypes.POINTER(VoMat), _I32, P, _I64, P, _I32, _I32, P]),
     "vo_read_sweeps": (_I32, [_I32, ctypes.POINTER(VoMat), _I32, _I32, _I32, P, ctypes.POINTER(_I64)]),
 }

@@ -13,6 +13,7 @@
 // reads and writes through the pointers it is given. Built with -O3 -march=native -fopenmp.
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -1758,6 +1759,49 @@ double vo_clock_ghz(int64_t adds) {
     (void)adds;
     return 0.0;
 #endif
+}
+
+// The round trip of one cache line between the two threads of a team of two, in ns: thread 0
+// writes an odd count, thread 1 answers with the next even one, `trips` times. Where the two
+// threads' cores share an L3 the line moves inside it; between core complexes it crosses the
+// fabric, several times slower. On the project's Zen 4 host the two vCPUs moved between such
+// placements within seconds, and the 2-thread read bandwidth moved with them
+// (vllm_omni.cpu.placement). 0 where the team has one thread or `trips` is below 1; -1 where
+// the trips take more than a second beyond 1 us each (the two threads sharing one CPU).
+double vo_core_round_trip_ns(int64_t trips) {
+    if (trips < 1) return 0.0;
+    alignas(64) std::atomic<int64_t> flag{0};
+    std::atomic<bool> stop{false};
+    double result = 0.0;
+    const double deadline = omp_get_wtime() + 1.0 + 1e-6 * (double)trips;
+    // spin until the flag reads `want`; false once either thread has passed the deadline
+    auto wait_for = [&](int64_t want) {
+        for (uint32_t spins = 1;; ++spins) {
+            if (flag.load(std::memory_order_acquire) == want) return true;
+            if ((spins & 0xfff) == 0 && (stop.load(std::memory_order_relaxed) || omp_get_wtime() > deadline)) {
+                stop.store(true, std::memory_order_relaxed);
+                return false;
+            }
+        }
+    };
+#pragma omp parallel num_threads(2)
+    {
+        if (omp_get_num_threads() == 2) {
+#pragma omp barrier
+            if (omp_get_thread_num() == 0) {
+                const double t0 = omp_get_wtime();
+                bool ok = true;
+                for (int64_t i = 0; i < trips && ok; ++i) {
+                    flag.store(2 * i + 1, std::memory_order_release);
+                    ok = wait_for(2 * i + 2);
+                }
+                result = ok ? (omp_get_wtime() - t0) / (double)trips * 1e9 : -1.0;
+            } else {
+                for (int64_t i = 0; i < trips && wait_for(2 * i + 1); ++i) flag.store(2 * i + 2, std::memory_order_release);
+            }
+        }
+    }
+    return result;
 }
 
 }  // extern "C"

@@ -1,0 +1,63 @@
+"""The core-to-core round trip and the placement timeline (vllm_omni.cpu.placement)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vllm_omni.bench import cli
+from vllm_omni.cpu import placement
+from vllm_omni.results import provenance
+
+TWO_CPUS = pytest.mark.skipif(provenance.usable_cpus() < 2, reason="a round trip between two cores needs two CPUs")
+
+
+@TWO_CPUS
+def test_round_trip_between_two_cores_is_plausible():
+    ns = placement.round_trip_ns(trips=2000)
+    # a cache line handed over and back: more than a few ns, far less than a scheduler's timeslice
+    assert 5 < ns < 20_000
+
+
+def test_the_native_probe_refuses_no_trips():
+    from vllm_omni.cpu import native
+
+    assert native.load().vo_core_round_trip_ns(0) == 0.0
+
+
+def test_two_threads_on_one_cpu_give_up_rather_than_time_the_scheduler():
+    cpu = min(os.sched_getaffinity(0))
+    code = ("import os; os.sched_setaffinity(0, {%d}); from vllm_omni.cpu import native; "
+            "print(native.load().vo_core_round_trip_ns(100000))" % cpu)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert float(out.stdout.split()[-1]) == -1.0
+
+
+def test_one_usable_cpu_is_refused_with_what_to_do(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(provenance, "usable_cpus", lambda: 1)
+    with pytest.raises(placement.PlacementError, match="two usable CPUs"):
+        placement.round_trip_ns()
+    assert cli.main(["placement", "--quick", "--output", str(tmp_path)]) == 2
+    assert "two usable CPUs" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.json"))
+
+
+@TWO_CPUS
+def test_quick_timeline_writes_every_sample(tmp_path):
+    assert cli.main(["placement", "--quick", "--samples", "2", "--output", str(tmp_path)]) == 0
+    art = json.loads((tmp_path / "cpu-path" / "placement-t2-quick.json").read_text())
+    names = [c["name"] for c in art["columns"]]
+    assert names == ["sample", "seconds", "round trip before", "stream read", "round trip between",
+                     "working-set read", "round trip after"]
+    assert [r[0] for r in art["rows"]] == [0, 1]
+    for row in art["rows"]:
+        values = dict(zip(names, row))
+        assert all(values[k] > 0 for k in names[2:])
+    assert art["rows"][0][1] < art["rows"][1][1]  # samples in time order
+    run = art["provenance"]["run"]
+    assert run["round_trip_trips"] == placement.TRIPS and run["working_set_bytes"] > 40e6
+    assert "core_clock_ghz" in run
