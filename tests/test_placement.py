@@ -61,3 +61,22 @@ def test_quick_timeline_writes_every_sample(tmp_path):
     run = art["provenance"]["run"]
     assert run["round_trip_trips"] == placement.TRIPS and run["working_set_bytes"] > 40e6
     assert "core_clock_ghz" in run
+
+
+def test_recorded_round_trip_is_none_where_it_cannot_tell(monkeypatch):
+    assert placement.recorded_round_trip(1) is None
+    monkeypatch.setattr(provenance, "usable_cpus", lambda: 1)
+    assert placement.recorded_round_trip(2) is None
+
+
+@TWO_CPUS
+def test_two_thread_runs_record_each_rounds_round_trip(tmp_path):
+    assert cli.main(["predictor", "--quick", "--impl", "fused", "--weights", "int4", "--thread-counts", "1,2",
+                     "--rounds", "2", "--output", str(tmp_path), "--name", "p"]) == 0
+    trips = json.loads((tmp_path / "cpu-path" / "p-quick.json").read_text())["provenance"]["run"]["core_round_trip_ns"]
+    assert list(trips) == ["2"] and len(trips["2"]) == 2  # one thread has no pair of cores to time
+    assert all(len(pair) == 2 and all(v > 0 for v in pair) for pair in trips["2"])
+    assert cli.main(["frame", "--quick", "--impl", "fused", "--weights", "int4", "--threads", "2",
+                     "--output", str(tmp_path), "--name", "f"]) == 0
+    trips = json.loads((tmp_path / "cpu-path" / "f-quick.json").read_text())["provenance"]["run"]["core_round_trip_ns"]
+    assert set(trips) == {"frames_start", "frames_end", "probes_end"} and all(v > 0 for v in trips.values())

@@ -29,6 +29,7 @@ BAD = {
     "steal-share-out-of-range": "provenance.run.host_steal_share",
     "core-clock-not-positive": "provenance.run.core_clock_ghz.end",
     "core-clock-not-start-and-end": "provenance.run.core_clock_ghz",
+    "round-trip-not-positive": "provenance.run.core_round_trip_ns.2[1][1]",
     "bad-column-type": "columns[1].type",
     "invalid-json": "(json)",
 }

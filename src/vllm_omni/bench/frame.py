@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from vllm_omni.cpu.frame import FrameLoop, StepStats, sync_enabled
+    from vllm_omni.cpu.placement import recorded_round_trip
     from vllm_omni.cpu.sampler import SamplerConfig, make_sampler
 
     try:
@@ -62,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
     loop = FrameLoop(talker, predictor, sampler, tw.codec_embedding, predictor_greedy=args.greedy_residuals,
                      seed=args.seed, eos_id=spec.eos_id)
     loop.run(1, stop_at_eos=False)  # warm-up frame
+    trip_start = recorded_round_trip(threads)  # which placement of two cores the frames met (a VM's)
     result = loop.run(frames, stop_at_eos=False)
+    trip_end = recorded_round_trip(threads)
     m = StepStats.median(result.stats)
     total = m.total_ms
 
@@ -73,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
 
     pass_bytes = predictor_pass_bytes(spec, args.weights) + projection_bytes(spec, args.weights)
     bw = read_bandwidth_probes(threads, args.quick, working_set=pass_bytes)
+    trips = None if trip_start is None and trip_end is None else {
+        "frames_start": trip_start, "frames_end": trip_end, "probes_end": recorded_round_trip(threads)}
     stream_gbps = max(bw["native"], bw["torch"])
     talker_floor = talker_bytes(args.model, args.weights, layers) / (stream_gbps * 1e9) * 1e3
     predictor_floor = spec.residual_codebooks * pass_bytes / (bw["best"] * 1e9) * 1e3
@@ -119,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
             "sampler": kind,
             "greedy_residuals": args.greedy_residuals,
             "read_bandwidth_gbps": {k: round(v, 2) for k, v in bw.items()},
+            "core_round_trip_ns": trips,
             "step_stats_sync": sync_enabled(),
             "torch_threads": torch.get_num_threads(),
         },
@@ -128,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
                "random vector per frame. Floors count weights only: the talker's at the best streaming read "
                "bandwidth (1 GiB probes), the predictor's at the best of that and re-reading a buffer the size of "
                "one pass (the cache keeps part of it between the 15 passes); run.read_bandwidth_gbps has each probe. "
+               "run.core_round_trip_ns (2 threads or more) has the round trip of a cache line between two threads "
+               "before and after the timed frames and after the probes: on a VM, whether the cores shared an L3. "
                "run.talker_kv_cache is the fused talker's KV cache precision (null: the eager reference's)."
                + (" Quick mode: shallow talker, two frames, for doctests only, not a figure." if args.quick else "")),
     )

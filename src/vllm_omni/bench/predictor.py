@@ -149,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
 
     from vllm_omni.cpu.bandwidth import read_bandwidth_probes
     from vllm_omni.cpu.native import isa
+    from vllm_omni.cpu.placement import recorded_round_trip
     from vllm_omni.cpu.sampler import draw_uniforms
     from vllm_omni.cpu.weights import random_predictor_weights
 
@@ -180,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     nbytes = predictor_pass_bytes(spec, args.weights)
     passes = spec.residual_codebooks
 
-    rows, bandwidth = [], {}
+    rows, bandwidth, round_trips = [], {}, {}
     for t in counts:
         samples = {impl: {"pass": [], "frame": []} for impl in impls}
         paired = {impl: [] for impl in impls}  # per round: pass median / that round's floor
@@ -192,6 +193,9 @@ def run(args: argparse.Namespace) -> int:
         for _ in range(rounds):
             # The probes run before every round: this host's bandwidth moves between runs
             # (the placement of its vCPUs), and the floor takes the best reading of the run.
+            # At 2 threads or more the round trip between two cores, before the probes and
+            # after the round's timings, says which placement the round met.
+            trip_before = recorded_round_trip(t)
             bw = read_bandwidth_probes(t, quick=args.quick, working_set=nbytes)
             probes.append(bw)
             round_floor_ms = nbytes / (bw["best"] * 1e9) * 1e3
@@ -200,6 +204,8 @@ def run(args: argparse.Namespace) -> int:
                 samples[impl]["pass"] += ps
                 paired[impl].append(median(ps) / round_floor_ms)
                 samples[impl]["frame"] += time_calls(lambda r=r: r.frame(ph, c0, u), repeats=frame_reps, warmup=0)
+            if t >= 2:
+                round_trips.setdefault(str(t), []).append([trip_before, recorded_round_trip(t)])
         best = max(p["best"] for p in probes)
         stream = max(max(p["native"], p["torch"]) for p in probes)
         working_set = max(p["working_set"] for p in probes)
@@ -265,13 +271,17 @@ def run(args: argparse.Namespace) -> int:
              "native_isa": isa(args.variant) if "fused" in impls else None, "variant": args.variant,
              "rounds": rounds, "pass_warmup_per_round": pass_warmup, "pass_repeats_per_round": pass_reps,
              "frame_repeats_per_round": frame_reps,
-             "pass_kv_position": PASS_POSITION, "reference_over_fused_pass": ref_vs_fused},
+             "pass_kv_position": PASS_POSITION, "reference_over_fused_pass": ref_vs_fused,
+             "core_round_trip_ns": round_trips},
         notes=("Random weights of the published shapes: speed does not depend on weight values. "
                "Floor = weight bytes per pass in the format (5 blocks + final norm + one lm_head) / 'read bandwidth', "
                "the best read bandwidth measured in the same run at the same thread count: 'stream bandwidth' is "
                "the best of a native wide-load probe and torch sum streaming 1 GiB, 'working-set bandwidth' the "
                "native probe re-reading a buffer the size of the pass (part of it stays in the L3 cache from sweep "
-               "to sweep), all probed before every round (each round's figures in provenance.run). 'pass / round "
+               "to sweep), all probed before every round (each round's figures in provenance.run; at 2 threads or "
+               "more, run.core_round_trip_ns has each round's round trip of a cache line between two threads, "
+               "before its probes and after its timings, which tells on a VM whether the two cores shared an L3: "
+               "vllm-omni-bench placement). 'pass / round "
                "floor' is the median over rounds of each round's pass median over the floor from the probes just "
                "before it; 'pass / stream floor' puts the pass median over the streaming floor alone. 'working-set "
                "median' is the working-set probe's median sweep (the best of its 1 to 4 streams per thread; "

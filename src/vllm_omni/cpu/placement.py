@@ -43,6 +43,18 @@ def round_trip_ns(trips: int = TRIPS, probes: int = PROBES) -> float:
     return statistics.median(values)
 
 
+def recorded_round_trip(threads: int) -> float | None:
+    """The round trip (ns, one decimal) for a benchmark to record beside its reads where it runs
+    ``threads`` >= 2, so that a multi-thread figure says which placement it met; None at one
+    thread, or where the probe cannot run (the figure is then unknown, not an error)."""
+    if threads < 2:
+        return None
+    try:
+        return round(round_trip_ns(), 1)
+    except Exception:  # noqa: BLE001 - no second CPU, no compiler: the placement is unknown
+        return None
+
+
 def timeline(samples: int, working_set: int, quick: bool = False) -> list[dict[str, Any]]:
     """``samples`` readings, one after another: the round trip, the best 2-thread stream read of
     a large buffer, the round trip, the best 2-thread re-read of ``working_set`` bytes, the

@@ -124,6 +124,15 @@ def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
+def _leaves(value: Any, field: str) -> list[tuple[str, Any]]:
+    """Every non-container value under ``value`` (dicts and lists, nested), with its field path."""
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in _leaves(v, f"{field}.{k}")]
+    if isinstance(value, list):
+        return [leaf for i, v in enumerate(value) for leaf in _leaves(v, f"{field}[{i}]")]
+    return [(field, value)]
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -212,6 +221,11 @@ def validate(data: Any, path: str | Path = "<artifact>") -> Artifact:
             for key, value in clock.items():
                 if value is not None and not (_is_number(value) and value > 0):
                     c.fail(f"provenance.run.core_clock_ghz.{key}", f"expected GHz > 0 or null, got {value!r}")
+        trips = run.get("core_round_trip_ns")
+        if trips is not None:
+            for field, value in _leaves(trips, "provenance.run.core_round_trip_ns"):
+                if value is not None and not (_is_number(value) and value > 0):
+                    c.fail(field, f"expected a round trip in ns > 0 or null, got {value!r}")
 
     host = c.keys(prov["host"], "provenance.host", HOST_REQUIRED, HOST_OPTIONAL)
     c.string(host["cpu"], "provenance.host.cpu", nullable=True)
