@@ -142,3 +142,18 @@ def test_every_cpu_path_benchmark_takes_a_name(command):
     assert args.name == "x-other-host"
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args([command, "--name", "../escape"])
+
+
+def test_round_trips_are_those_of_the_rows_thread_count(tmp_path):
+    root = _copy(tmp_path)
+    pred, frame = "cpu-path/predictor-both-int4-t1-2-zen1", "cpu-path/frame-fused-int4-t2-zen1"
+    _edit(root, pred, lambda d: d["provenance"]["run"].update(core_round_trip_ns={"2": [[58.0, 331.5], [60.0, 62.0]]}))
+    _edit(root, frame, lambda d: d["provenance"]["run"].update(
+        core_round_trip_ns={"frames_start": 55.0, "frames_end": 340.0, "probes_end": None}))
+    board = {(r["artifact"], r["threads"], r["target"]): r for r in rows(targets.scoreboard(root))}
+    two, one = board[(pred, 2, targets.PASS_TARGET)], board[(pred, 1, targets.PASS_TARGET)]
+    assert (two["round trip min"], two["round trip max"]) == (58.0, 331.5)
+    assert (one["round trip min"], one["round trip max"]) == (None, None)  # one thread: no pair of cores
+    for target in (targets.RTF_TARGET, targets.SAMPLER_TARGET):
+        r = board[(frame, 2, target)]
+        assert (r["round trip min"], r["round trip max"]) == (55.0, 340.0)

@@ -51,6 +51,8 @@ COLUMNS = [
     {"name": "other load", "unit": "%", "type": "number", "format": ".1f"},
     {"name": "clock at start", "unit": "GHz", "type": "number", "format": ".2f"},
     {"name": "clock at end", "unit": "GHz", "type": "number", "format": ".2f"},
+    {"name": "round trip min", "unit": "ns", "type": "number", "format": ".0f"},
+    {"name": "round trip max", "unit": "ns", "type": "number", "format": ".0f"},
     {"name": "artifact", "unit": None, "type": "text"},
     {"name": "commit", "unit": None, "type": "text"},
 ]
@@ -89,6 +91,23 @@ def _conditions(art: Artifact) -> list[float | None]:
         None if clock.get(k) is None else round(clock[k], 2) for k in ("start", "end")]
 
 
+def _round_trips(art: Artifact, threads: int | None = None) -> list[float | None]:
+    """The shortest and longest round trip between two cores that the run recorded (a predictor
+    run per round at ``threads``, a frame run around its frames): on a VM, whether the cores shared
+    an L3 throughout, never, or in part (vllm_omni.cpu.placement); null where none was recorded."""
+    trips = art.provenance["run"].get("core_round_trip_ns") or {}
+    values = _numbers(trips if threads is None else trips.get(str(threads)))
+    return [min(values), max(values)] if values else [None, None]
+
+
+def _numbers(value: Any) -> list[float]:
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _numbers(v)]
+    if isinstance(value, list):
+        return [n for v in value for n in _numbers(v)]
+    return [] if value is None or isinstance(value, str) else [value]
+
+
 def _kernels(art: Artifact) -> str | None:
     run = art.provenance["run"]  # the schema requires it of a measured artifact
     isa = run.get("native_isa")
@@ -115,8 +134,8 @@ def _pass_rows(art: Artifact) -> list[list[Any]]:
         out.append([
             host_label(art.provenance["host"]), _kernels(art), PASS_TARGET, r["weights"], r["threads"],
             ratio, PASS_LIMIT, "yes" if ratio <= PASS_LIMIT else "no", r.get("pass / reads alone"),
-            round(ref / r["pass median"], 2) if ref else None, _peak(art), *_conditions(art), art.id,
-            _commit(art.provenance),
+            round(ref / r["pass median"], 2) if ref else None, _peak(art), *_conditions(art),
+            *_round_trips(art, r["threads"]), art.id, _commit(art.provenance),
         ])
     return out
 
@@ -133,7 +152,7 @@ def _frame_rows(art: Artifact) -> list[list[Any]]:
     rtf = round(total / FRAME_MS, 3)
     share = round(100 * sampler / total, 2)
     common = [host_label(prov["host"]), None]
-    tail = [None, None, _peak(art), *_conditions(art), art.id, _commit(prov)]
+    tail = [None, None, _peak(art), *_conditions(art), *_round_trips(art), art.id, _commit(prov)]
     return [
         common + [RTF_TARGET, FRAME_WEIGHTS, FRAME_THREADS, rtf, RTF_LIMIT,
                   "yes" if rtf <= RTF_LIMIT else "no"] + tail,
