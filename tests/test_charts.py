@@ -233,3 +233,17 @@ def test_build_fails_on_a_chart_typo_naming_the_page(tmp_path):
     proc, _ = build(tmp_path, "# Home\n\n<!-- chart: fixture/good kind=bar x=component y=msec -->\n")
     assert proc.returncode != 0
     assert "docs/index.md:3" in proc.stderr and "no column 'msec'" in proc.stderr and "y=msec" in proc.stderr
+
+
+def test_a_long_numeric_line_drops_its_point_labels_and_per_point_ticks():
+    n = charts.LABELLED_POINTS + 1
+    art = artifact([{"name": "seconds", "unit": "s", "type": "number"}, {"name": "ns", "unit": "ns", "type": "number"}],
+                   [[0.5 * i, 60.0 + 7.0 * i] for i in range(n)], "fixture/timeline")
+    svg = svg_of(art, kind="line", x="seconds", y="ns")
+    (line,) = groups(svg, "line").values()
+    assert len(path_points(line)) == n  # every point is still drawn
+    shown = set(texts(svg))
+    assert not {"60", "144"} & shown  # no value written at its point
+    assert "0.5" not in shown and "5.5" not in shown  # the axis picks its own ticks
+    short = artifact(art.raw["columns"], art.raw["rows"][:charts.LABELLED_POINTS], "fixture/short")
+    assert {"60", "137"} <= set(texts(svg_of(short, kind="line", x="seconds", y="ns")))

@@ -23,6 +23,7 @@ from .schema import Artifact, Column
 
 FIGSIZE = (5.0, 2.8)  # inches: readable at full width and in half of a grid; the SVG scales down
 LABEL_WIDTH = 28  # characters per line of a category label before it wraps
+LABELLED_POINTS = 12  # a line with more numeric x values than this is drawn without value labels
 PALETTE = ("#3f6fb5", "#e08a2c", "#4a9a5b", "#b54a4a", "#7a5fb0", "#8c6d3f")
 RC = {
     "svg.fonttype": "none",  # text stays text: searchable, selectable, sized by the page
@@ -219,17 +220,23 @@ def _draw_bars(ax: Any, spec: ChartSpec, data: ChartData, labels: list[str], gid
 
 
 def _draw_lines(ax: Any, spec: ChartSpec, data: ChartData, labels: list[str], gid: str) -> None:
-    """One line per series with its values at the points; ids ``<gid>-line-<series>``."""
-    xs = list(data.categories) if data.x_column.type == "number" else list(range(len(data.categories)))
+    """One line per series; ids ``<gid>-line-<series>``. Up to LABELLED_POINTS points, each value
+    is written at its point and each x value is a tick; a longer numeric series (a timeline) gets
+    plain points and the axis's own ticks, as labels that many would only overlap."""
+    numeric = data.x_column.type == "number"
+    xs = list(data.categories) if numeric else list(range(len(data.categories)))
+    labelled = len(xs) <= LABELLED_POINTS or not numeric
     for si, s in enumerate(data.series):
         pts = [(x, v) for x, v in zip(xs, s.values) if v is not None]
-        (line,) = ax.plot([x for x, _ in pts], [v for _, v in pts], marker="o", markersize=4, label=s.label,
-                          color=PALETTE[si % len(PALETTE)])
+        (line,) = ax.plot([x for x, _ in pts], [v for _, v in pts], marker="o", markersize=4 if labelled else 2,
+                          label=s.label, color=PALETTE[si % len(PALETTE)])
         line.set_gid(f"{gid}-line-{si}")
-        for x, v in pts:
-            ax.annotate(format_cell(v, s.column), (x, v), textcoords="offset points", xytext=(0, 5),
-                        ha="center", fontsize=8)
-    ax.set_xticks(xs, labels)
+        if labelled:
+            for x, v in pts:
+                ax.annotate(format_cell(v, s.column), (x, v), textcoords="offset points", xytext=(0, 5),
+                            ha="center", fontsize=8)
+    if labelled:
+        ax.set_xticks(xs, labels)
     ax.set_xlabel(data.x_column.label)
 
 
