@@ -1765,7 +1765,7 @@ double vo_clock_ghz(int64_t adds) {
 // writes an odd count, thread 1 answers with the next even one, `trips` times. Where the two
 // threads' cores share an L3 the line moves inside it; between core complexes it crosses the
 // fabric, several times slower. On the project's Zen 4 host the two vCPUs moved between such
-// placements within seconds, and the 2-thread read bandwidth moved with them
+// placements after seconds to a minute or more, and the 2-thread read bandwidth moved with them
 // (vllm_omni.cpu.placement). 0 where the team has one thread or `trips` is below 1; -1 where
 // the trips take more than a second beyond 1 us each (the two threads sharing one CPU).
 double vo_core_round_trip_ns(int64_t trips) {
