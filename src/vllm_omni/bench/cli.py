@@ -8,7 +8,7 @@ import os
 import sys
 
 from vllm_omni.bench.common import BenchError
-from vllm_omni.cpu import clock
+from vllm_omni.cpu import clock, native
 from vllm_omni.results import host_load
 from vllm_omni.results.schema import ArtifactError
 
@@ -52,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     host_load.mark()
     if getattr(args, "core_clock", False):  # a timed CPU run (set_defaults in its module)
+        try:
+            native.q4_prefetch_groups()  # a bad setting stops the run before anything is built
+        except ValueError as exc:
+            print(f"vllm-omni-bench {args.command}: error: {exc}", file=sys.stderr)
+            return 2
         clock.mark()
     else:
         clock.clear()

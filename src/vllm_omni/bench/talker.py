@@ -119,6 +119,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from vllm_omni.cpu.native import q4_prefetch
+
     threads = resolve_threads(args.threads)
     set_threads(threads)
     cache = args.cache if args.cache is not None else (16 if args.quick else 256)
@@ -154,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
         threads=threads,
         source=f"vllm-omni-bench talker ({args.impl})",
         compare={"tolerance": 0.15, "key_columns": ["layers"], "columns": ["median", "measured / floor"]},
-        run={"read_bandwidth_gbps": gbps, "torch_threads": torch.get_num_threads(), "kv_cache": kv_cache_of(talker)},
+        run={"read_bandwidth_gbps": gbps, "torch_threads": torch.get_num_threads(), "kv_cache": kv_cache_of(talker),
+             "q4_prefetch_groups": q4_prefetch() if args.impl == "fused" else None},
         notes=("Random weights of the published shapes: speed does not depend on weight values. "
                "Each timed step appends to the KV cache, so the KV length grows by one per step; run.kv_cache is "
                "the fused talker's cache precision (null: the eager reference's, its activation dtype). The floor "

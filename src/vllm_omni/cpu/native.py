@@ -175,12 +175,17 @@ _SIGNATURES = {
     "vo_read_bandwidth": (ctypes.c_double, [_I64, _I32, _I32, _I32, P]),
     "vo_clock_ghz": (ctypes.c_double, [_I64]),
     "vo_core_round_trip_ns": (ctypes.c_double, [_I64]),
+    "vo_set_q4_prefetch": (_I32, [_I32]),
     "vo_gemv_sweeps": (_I32, [_I32, ctypes.POINTER(VoMat), _I32, P, _I64, P, _I32, _I32, P]),
     "vo_read_sweeps": (_I32, [_I32, ctypes.POINTER(VoMat), _I32, _I32, _I32, P, ctypes.POINTER(_I64)]),
 }
 FMT_CODES = {"fp32": 0, "int8": 1, "int4": 2}
 
 _LIBS: dict[str, ctypes.CDLL] = {}
+_Q4_PREFETCH: dict[str, int | None] = {}
+Q4_PREFETCH_ENV = "VLLM_OMNI_Q4_PREFETCH"
+# (x86 family, model) -> int4 groups ahead, where the AVX2 build's prefetch was measured to help
+Q4_PREFETCH_HOSTS = {(23, 1): 8}
 
 
 def load(variant: str = "native") -> ctypes.CDLL:
@@ -202,8 +207,46 @@ def load(variant: str = "native") -> ctypes.CDLL:
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
+    groups = lib.vo_set_q4_prefetch(q4_prefetch_groups())
+    _Q4_PREFETCH[variant] = groups if groups >= 0 else None
     _LIBS[variant] = lib
     return lib
+
+
+def q4_prefetch_groups() -> int:
+    """How many int4 groups ahead the AVX2 build prefetches its int4 tiles (0: not at all).
+
+    ``$VLLM_OMNI_Q4_PREFETCH`` when set (0 to 64); else the distance measured to help on this
+    host's x86 family and model (``Q4_PREFETCH_HOSTS``), and 0 elsewhere. Measured both ways:
+    8 groups ahead made the int4 pass about a third faster on a first-generation EPYC, and the
+    same prefetch made it a quarter to a third slower on a Zen 4 running the AVX2 build
+    (docs/analysis/cpu-kernels.md). The AVX-512 and plain-C builds never prefetch."""
+    text = os.environ.get(Q4_PREFETCH_ENV)
+    if text is not None:
+        try:
+            groups = int(text)
+        except ValueError:
+            groups = -1
+        if not 0 <= groups <= 64:
+            raise ValueError(f"{Q4_PREFETCH_ENV}={text!r} is not a whole number of int4 groups from 0 to 64; "
+                             "unset it for this host's default, or give 0 (no prefetch) or e.g. 8")
+        return groups
+    from vllm_omni.results.provenance import cpuinfo
+
+    ident = cpuinfo()["cpu_id"] or ""
+    parts = dict(p.split() for p in ident.split(", ") if len(p.split()) == 2)
+    try:
+        key = (int(parts["family"]), int(parts["model"]))
+    except (KeyError, ValueError):
+        return 0
+    return Q4_PREFETCH_HOSTS.get(key, 0)
+
+
+def q4_prefetch(variant: str = "native") -> int | None:
+    """The int4 prefetch distance in force in the loaded ``variant`` (groups), None where the build
+    has no such prefetch: what a benchmark records beside its timings."""
+    load(variant)
+    return _Q4_PREFETCH[variant]
 
 
 def isa(variant: str = "native") -> str:

@@ -346,17 +346,21 @@ inline int32_t act_word(const int8_t* p) {
     return v;
 }
 
-// A software prefetch of the group Q4_PREFETCH_GROUPS ahead of group x in its tile (its 9
-// lines), in the AVX2 build only. The development hosts disagree: on the AVX-512 one (Zen 4)
-// every software prefetch tried made the int4 pass slower, the hardware prefetcher losing its
-// streams; on an AVX2-only one (first-generation EPYC, family 23 model 1), where one core
-// decoded int4 tiles from memory at less than half its rate from its L2 cache, this made the
-// pass about a third faster at 1 and 2 threads (docs/analysis/cpu-kernels.md). The int4 plain
-// reads (tiles_read) make the same requests, so that they stay the GEMVs' reads.
+// A software prefetch of the group q4_prefetch_groups ahead of group x in its tile (its 9
+// lines), in the AVX2 build only, where it is set per host (vo_set_q4_prefetch; 0: none). The
+// development hosts disagree: on the AVX-512 one (Zen 4) every software prefetch tried made the
+// int4 pass slower, the hardware prefetcher losing its streams, and this one, in the AVX2 build
+// run there, made the 1-thread int4 pass a quarter to a third slower; on an AVX2-only one
+// (first-generation EPYC, family 23 model 1), where one core decoded int4 tiles from memory at
+// less than half its rate from its L2 cache, 8 groups ahead made the pass about a third faster
+// at 1 and 2 threads (docs/analysis/cpu-kernels.md). The int4 plain reads (tiles_read) make the
+// same requests, so that they stay the GEMVs' reads.
 #if defined(VO_AVX2_ONLY)
-constexpr int64_t Q4_PREFETCH_GROUPS = 8;
+int64_t q4_prefetch_groups = 8;  // set only between calls (vo_set_q4_prefetch)
 inline void q4_prefetch(const uint8_t* x) {
-    for (int l = 0; l < 9; ++l) _mm_prefetch((const char*)x + Q4_PREFETCH_GROUPS * Q4_GROUP_BYTES + 64 * l, _MM_HINT_T0);
+    const int64_t ahead = q4_prefetch_groups * Q4_GROUP_BYTES;
+    if (ahead == 0) return;
+    for (int l = 0; l < 9; ++l) _mm_prefetch((const char*)x + ahead + 64 * l, _MM_HINT_T0);
 }
 #else
 inline void q4_prefetch(const uint8_t*) {}
@@ -438,7 +442,7 @@ constexpr bool Q4_PAIRS = true;  // GEMVs walk int4 tiles in pairs (for_tile_str
 // pairs stay in int16 across the 8 lines: each pair is at most 2 * 15 * 127 = 3810 in
 // magnitude, 8 of them 30480 < 32767.
 // f[2k + h][g & 1] += the scaled sums of group g (bytes x) for rows 8(2k + h) .. 8(2k + h) + 7.
-// Each group asks for the group Q4_PREFETCH_GROUPS ahead of it in its tile (q4_prefetch).
+// Each group asks for the group q4_prefetch_groups ahead of it in its tile (q4_prefetch).
 inline void q4_group_avx2(const uint8_t* x, const Act& a, int64_t g, __m256 (*f)[2]) {
     q4_prefetch(x);
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
@@ -1220,6 +1224,20 @@ int32_t vo_version() { return 13; }
 // The counter-based uniforms of key at indices index0 .. index0 + n - 1 (for tests).
 void vo_counter_uniforms(uint64_t key, uint64_t index0, int64_t n, float* out) {
     for (int64_t i = 0; i < n; ++i) out[i] = counter_uniform(key, index0 + (uint64_t)i);
+}
+
+// How many int4 groups ahead the AVX2 build's int4 tiles prefetch (q4_prefetch), 0 for none:
+// the setting now in force, or -1 where the build has no such prefetch (the AVX-512 and plain C
+// builds) or `groups` is outside 0..64. Called between kernel calls, never during one.
+int32_t vo_set_q4_prefetch(int32_t groups) {
+#if defined(VO_AVX2_ONLY)
+    if (groups < 0 || groups > 64) return -1;
+    q4_prefetch_groups = groups;
+    return groups;
+#else
+    (void)groups;
+    return -1;
+#endif
 }
 
 int32_t vo_isa() {
