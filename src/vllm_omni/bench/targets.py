@@ -16,7 +16,7 @@ from typing import Any
 
 from vllm_omni.bench.common import BenchError, add_output, computed_provenance
 from vllm_omni.results import store
-from vllm_omni.results.schema import Artifact, validate
+from vllm_omni.results.schema import Artifact, leaves, validate
 
 AREA = "cpu-path"
 NAME = "targets"
@@ -96,16 +96,8 @@ def _round_trips(art: Artifact, threads: int | None = None) -> list[float | None
     run per round at ``threads``, a frame run around its frames): on a VM, whether the cores shared
     an L3 throughout, never, or in part (vllm_omni.cpu.placement); null where none was recorded."""
     trips = art.provenance["run"].get("core_round_trip_ns") or {}
-    values = _numbers(trips if threads is None else trips.get(str(threads)))
+    values = [v for _, v in leaves(trips if threads is None else trips.get(str(threads))) if v is not None]
     return [min(values), max(values)] if values else [None, None]
-
-
-def _numbers(value: Any) -> list[float]:
-    if isinstance(value, dict):
-        return [n for v in value.values() for n in _numbers(v)]
-    if isinstance(value, list):
-        return [n for v in value for n in _numbers(v)]
-    return [] if value is None or isinstance(value, str) else [value]
 
 
 def _kernels(art: Artifact) -> str | None:

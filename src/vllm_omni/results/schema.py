@@ -124,12 +124,12 @@ def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _leaves(value: Any, field: str) -> list[tuple[str, Any]]:
+def leaves(value: Any, field: str = "") -> list[tuple[str, Any]]:
     """Every non-container value under ``value`` (dicts and lists, nested), with its field path."""
     if isinstance(value, dict):
-        return [leaf for k, v in value.items() for leaf in _leaves(v, f"{field}.{k}")]
+        return [leaf for k, v in value.items() for leaf in leaves(v, f"{field}.{k}")]
     if isinstance(value, list):
-        return [leaf for i, v in enumerate(value) for leaf in _leaves(v, f"{field}[{i}]")]
+        return [leaf for i, v in enumerate(value) for leaf in leaves(v, f"{field}[{i}]")]
     return [(field, value)]
 
 
@@ -223,7 +223,7 @@ def validate(data: Any, path: str | Path = "<artifact>") -> Artifact:
                     c.fail(f"provenance.run.core_clock_ghz.{key}", f"expected GHz > 0 or null, got {value!r}")
         trips = run.get("core_round_trip_ns")
         if trips is not None:
-            for field, value in _leaves(trips, "provenance.run.core_round_trip_ns"):
+            for field, value in leaves(trips, "provenance.run.core_round_trip_ns"):
                 if value is not None and not (_is_number(value) and value > 0):
                     c.fail(field, f"expected a round trip in ns > 0 or null, got {value!r}")
 
