@@ -219,7 +219,7 @@ def q4_prefetch_groups() -> int:
     ``$VLLM_OMNI_Q4_PREFETCH`` when set (0 to 64); else the distance measured to help on this
     host's x86 family and model (``Q4_PREFETCH_HOSTS``), and 0 elsewhere. Measured both ways:
     8 groups ahead made the int4 pass about a third faster on a first-generation EPYC, and the
-    same prefetch made it a quarter to a third slower on a Zen 4 running the AVX2 build
+    same prefetch made it an eighth to two fifths slower on a Zen 4 running the AVX2 build
     (docs/analysis/cpu-kernels.md). The AVX-512 and plain-C builds never prefetch."""
     text = os.environ.get(Q4_PREFETCH_ENV)
     if text is not None:

@@ -350,7 +350,7 @@ inline int32_t act_word(const int8_t* p) {
 // lines), in the AVX2 build only, where it is set per host (vo_set_q4_prefetch; 0: none). The
 // development hosts disagree: on the AVX-512 one (Zen 4) every software prefetch tried made the
 // int4 pass slower, the hardware prefetcher losing its streams, and this one, in the AVX2 build
-// run there, made the 1-thread int4 pass a quarter to a third slower; on an AVX2-only one
+// run there, made the 1-thread int4 pass an eighth to two fifths slower; on an AVX2-only one
 // (first-generation EPYC, family 23 model 1), where one core decoded int4 tiles from memory at
 // less than half its rate from its L2 cache, 8 groups ahead made the pass about a third faster
 // at 1 and 2 threads (docs/analysis/cpu-kernels.md). The int4 plain reads (tiles_read) make the
