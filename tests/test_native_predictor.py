@@ -16,6 +16,8 @@ Tolerances, and why:
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -250,14 +252,18 @@ def test_tiles_agree_bit_for_bit_across_builds(variant, fmt):
     from vllm_omni.cpu.quant import quantize
 
     g = torch.Generator().manual_seed(8)
-    m = quantize(torch.randn(64, 1088, generator=g), fmt)
+    # 11 tiles: at 1 and 2 threads a build's walk takes several tiles side by side (four int4
+    # tiles in the AVX-512 build) and some left over one at a time
+    m = quantize(torch.randn(352, 1088, generator=g), fmt)
     x = torch.randn(3, 1088, generator=g)
-    ys = []
-    for lib in (native.load(), native.load(variant)):
-        y = torch.full((3, 64), float("nan"))
-        assert lib.vo_linear(native.FMT_CODES[fmt], ctypes.byref(vo_mat(m)), x.data_ptr(), 3, y.data_ptr(), 1) == 0
-        ys.append(y)
-    assert torch.equal(ys[0], ys[1])
+    for threads in (1, 2):
+        ys = []
+        for lib in (native.load(), native.load(variant)):
+            y = torch.full((3, 352), float("nan"))
+            assert lib.vo_linear(native.FMT_CODES[fmt], ctypes.byref(vo_mat(m)), x.data_ptr(), 3, y.data_ptr(),
+                                 threads) == 0
+            ys.append(y)
+        assert torch.equal(ys[0], ys[1]), threads
 
 
 @pytest.mark.parametrize("variant", ["native", "avx2", "generic"])
@@ -325,6 +331,38 @@ def test_attention_shapes_match_reference(heads, kv_heads, head_dim, kv_cache, v
         pos += x.shape[0]
         torch.testing.assert_close(got[-1:], want, atol=tol, rtol=tol)
     assert pos == 23
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_uneven_tile_walks_match_reference(fmt):
+    """A block whose matrices split into uneven tile walks: 8 tiles of output rows (o, down),
+    14 gate tiles and their up tiles, 24 QKV tiles. At 1, 2 and 3 threads a thread's share ends
+    in tiles that are not side by side with others (gate tiles and their up tiles walked four at a
+    time in the AVX-512 int4 build, and one pair at a time at the end of a share); every thread
+    count gives the same bits, within the quantized tolerance of the eager block."""
+    from vllm_omni.cpu.predictor import NativeStack
+    from vllm_omni.cpu.quant import roundtrip
+    from vllm_omni.cpu.reference import ReferenceStack
+    from vllm_omni.cpu.weights import random_block
+    from vllm_omni.models.spec import StackSpec
+
+    spec = StackSpec(layers=1, hidden=256, intermediate=448, heads=4, kv_heads=2, head_dim=64)
+    w = random_block(spec, torch.Generator().manual_seed(11))
+    deq = copy.copy(w)
+    for name, m in w.matrices().items():
+        setattr(deq, name, roundtrip(m, fmt))
+    norm = torch.ones(spec.hidden)
+    fused = NativeStack([w], norm, spec, fmt, threads=1, max_positions=4)
+    ref = ReferenceStack([deq], norm, spec, "fp32", capacity=4)
+    x = torch.randn(2, spec.hidden, generator=torch.Generator().manual_seed(12))
+    got = {}
+    for threads in (1, 2, 3):
+        fused.set_threads(threads)
+        got[threads] = fused.forward(x, 0)[0]
+    assert torch.equal(got[1], got[2]) and torch.equal(got[1], got[3])
+    want = ref.forward_last(x)
+    mx, mean = _rel_errors(got[1][-1:], want)
+    assert mx < QUANT_MAX_REL and mean < QUANT_MEAN_REL, (fmt, mx, mean)
 
 
 # --- talker ------------------------------------------------------------------------------------

@@ -435,7 +435,25 @@ inline void q4_tile2(const uint8_t* wa, const uint8_t* wb, const Act& a, int64_t
     _mm512_storeu_ps(ob, _mm512_add_ps(lb0, lb1));
     _mm512_storeu_ps(ob + 16, _mm512_add_ps(hb0, hb1));
 }
-constexpr bool Q4_PAIRS = true;  // GEMVs walk int4 tiles in pairs (for_tile_streams)
+
+// Four tiles side by side, group by group (four read streams, see for_tile_streams): for each
+// tile the same sums, in the same order, as q4_tile. On the development host (Zen 4) four
+// streams made the 1-thread int4 pass 3 to 5 % faster than two; six or eight made it a quarter
+// to a half slower (their sums alone take 24 or all 32 of the 32 vector registers;
+// docs/analysis/cpu-kernels.md).
+inline void q4_tile4(const uint8_t* const* w, const Act& a, int64_t cols, float* const* o) {
+    __m512 l0[4], l1[4], h0[4], h1[4];
+    for (int k = 0; k < 4; ++k) l0[k] = l1[k] = h0[k] = h1[k] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < cols / 32; g += 2) {
+        for (int k = 0; k < 4; ++k) q4_group32(w[k] + g * Q4_GROUP_BYTES, a, g, l0[k], h0[k]);
+        for (int k = 0; k < 4; ++k) q4_group32(w[k] + (g + 1) * Q4_GROUP_BYTES, a, g + 1, l1[k], h1[k]);
+    }
+    for (int k = 0; k < 4; ++k) {
+        _mm512_storeu_ps(o[k], _mm512_add_ps(l0[k], l1[k]));
+        _mm512_storeu_ps(o[k] + 16, _mm512_add_ps(h0[k], h1[k]));
+    }
+}
+constexpr int Q4_STREAMS = 4;  // GEMVs walk int4 tiles four side by side (for_tile_streams)
 #elif defined(VO_AVX2)
 // The AVX2 form: each 64-byte line is two halves of 8 lanes, and each half's low and high
 // nibbles are masked apart (maddubs saturates at int16, too narrow for whole bytes). maddubs
@@ -491,7 +509,7 @@ inline void q4_tile2(const uint8_t* wa, const uint8_t* wb, const Act& a, int64_t
         _mm256_storeu_ps(ob + 8 * i, _mm256_add_ps(fb[i][0], fb[i][1]));
     }
 }
-constexpr bool Q4_PAIRS = true;
+constexpr int Q4_STREAMS = 2;
 #else
 inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
     for (int r = 0; r < Q4_TILE; ++r) {
@@ -520,7 +538,7 @@ inline void q4_tile2(const uint8_t* wa, const uint8_t* wb, const Act& a, int64_t
     q4_tile(wa, a, cols, oa);
     q4_tile(wb, a, cols, ob);
 }
-constexpr bool Q4_PAIRS = false;
+constexpr int Q4_STREAMS = 1;
 #endif
 
 // int8 rows come in tiles of 32 as well, with the row scales in their own array (one float per
@@ -654,14 +672,15 @@ template <int FMT>
 constexpr int TILE_ROWS = FMT == FMT_F32 ? 1 : ROW_TILE;
 
 // How many tiles (int8, int4) or rows (fp32) the GEMVs in format FMT read side by side, one read
-// stream each (for_tile_streams, tiles_dot): two int4 tiles wherever Q4_PAIRS; in the AVX2-only
-// build two int8 tiles and four fp32 rows; one elsewhere. On an AVX2-only development host
+// stream each (for_tile_streams, tiles_dot): Q4_STREAMS int4 tiles (four in the AVX-512 build,
+// two in the AVX2 one, one in plain C); in the AVX2-only build two int8 tiles and four fp32
+// rows; one elsewhere. On an AVX2-only development host
 // (first-generation EPYC, family 23 model 1), one core read a buffer about a third faster as
 // three or four streams than as one; pairs made the int8 pass about 14 % and the fp32 pass
 // about 20 % faster at 1 thread, and four fp32 rows a few percent more; on the AVX-512 one
 // (Zen 4) int8 tiles read fastest one stream per core (docs/analysis/cpu-kernels.md).
 template <int FMT>
-constexpr int STREAMS = FMT == FMT_I4 ? (Q4_PAIRS ? 2 : 1) :
+constexpr int STREAMS = FMT == FMT_I4 ? Q4_STREAMS :
 #if defined(VO_AVX2_ONLY)
                                       FMT == FMT_F32 ? 4 : 2;
 #else
@@ -689,11 +708,18 @@ inline void tile_dot(const VoMat& m, int64_t r0, int nr, const Act& a, float* ou
 // streams, one after the other elsewhere; every row's result is tile_dot's.
 template <int FMT, int N>
 inline void tiles_dot(const VoMat& m, const int64_t* r, const Act& a, float (*v)[TILE_ROWS<FMT>]) {
-    static_assert(FMT == FMT_F32 || N <= 2, "int8 and int4 tiles are read one or two at a time");
+    static_assert(FMT == FMT_F32 || N <= 2 || (FMT == FMT_I4 && N == Q4_STREAMS),
+                  "int8 tiles are read one or two at a time, int4 tiles also Q4_STREAMS at a time");
     if constexpr (N == 1) {
         tile_dot<FMT>(m, r[0], TILE_ROWS<FMT>, a, v[0]);
-    } else if constexpr (FMT == FMT_I4) {
+    } else if constexpr (FMT == FMT_I4 && N == 2) {
         q4_tile2(q4_tile_at(m, r[0]), q4_tile_at(m, r[1]), a, m.cols, v[0], v[1]);
+    } else if constexpr (FMT == FMT_I4) {
+#if defined(VO_AVX512VNNI)
+        const uint8_t* w[4] = {q4_tile_at(m, r[0]), q4_tile_at(m, r[1]), q4_tile_at(m, r[2]), q4_tile_at(m, r[3])};
+        float* o[4] = {v[0], v[1], v[2], v[3]};
+        q4_tile4(w, a, m.cols, o);
+#endif
     } else if constexpr (FMT == FMT_I8) {
         q8_tile2(q8_tile_at(m, r[0]), q8_tile_at(m, r[1]), a, m.cols, v[0], v[1]);
         const float* s = (const float*)m.s;
@@ -872,7 +898,8 @@ inline void for_gemv_rows(int64_t rows, F&& f) {
 // loop. With the tiles of a group read a little of each in turn (q4_tile2), a core reads N
 // streams at once, as the read probe may: on the development host (Zen 4) two made the int4
 // pass about 3 % faster at 1 thread and up to 5 % at 2, where pairs of adjacent tiles made it
-// a fifth slower (docs/analysis/cpu-kernels.md).
+// a fifth slower, and four (q4_tile4) 3 to 5 % faster again at 1 thread
+// (docs/analysis/cpu-kernels.md).
 template <int TILE, int N, class FN, class F1>
 inline void for_tile_streams(int64_t rows, FN&& fn, F1&& f1) {
     const int nt = omp_get_num_threads(), id = omp_get_thread_num();
@@ -938,18 +965,36 @@ inline void gemv(int fmt, const VoMat& m, Work& W, int T, float* out, int64_t ou
 
 // h[t, r] = silu(gate_r . a_t) * (up_r . a_t) for r in [0, I). A gate tile (or fp32 row) and
 // its up tile are read side by side where the build reads the format in several streams
-// (tiles_dot): two streams, as for_tile_streams walks other matrices.
+// (tiles_dot): two streams, as for_tile_streams walks other matrices. Where int4 is read as four
+// streams, each thread's gate tiles are walked in two parts side by side (for_tile_streams), and
+// a gate tile of each part is read with its up tile: four streams, a tile left over at the end
+// of a share as a pair.
 inline void gemv_swiglu(int fmt, const VoMat& m, int64_t I, Work& W, int T, float* out, int64_t out_stride) {
     with_fmt(fmt, [&](auto F) {
         constexpr int FMT = decltype(F)::value;
-        for_gemv_rows<FMT>(I, [&](int64_t r0, int nr) {
+        auto pair = [&](int64_t r0, int nr) {
             for (int t = 0; t < T; ++t) {
                 const int64_t r[2] = {r0, r0 + I};
                 float gu[2][TILE_ROWS<FMT>];
                 tiles_dot<FMT, 2>(m, r, W.act[t], gu);
                 swiglu(gu[0], gu[1], out + t * out_stride + r0, nr);
             }
-        });
+        };
+        if constexpr (FMT == FMT_I4 && STREAMS<FMT> == 4) {
+            for_tile_streams<ROW_TILE, 2>(
+                I,
+                [&](const int64_t* g) {
+                    for (int t = 0; t < T; ++t) {
+                        const int64_t r[4] = {g[0], g[1], g[0] + I, g[1] + I};
+                        float gu[4][ROW_TILE];
+                        tiles_dot<FMT, 4>(m, r, W.act[t], gu);
+                        for (int k = 0; k < 2; ++k) swiglu(gu[k], gu[k + 2], out + t * out_stride + g[k], ROW_TILE);
+                    }
+                },
+                [&](int64_t r0) { pair(r0, ROW_TILE); });
+        } else {
+            for_gemv_rows<FMT>(I, pair);
+        }
     });
 }
 
