@@ -167,6 +167,15 @@ def roundtrip(w: Tensor, fmt: str) -> Tensor:
     return dequantize(quantize(w, fmt))
 
 
+def dequantized_block(block, fmt: str):
+    """A copy of one decoder block's weights with its seven matrices replaced by their ``fmt``
+    round trip (norms stay fp32): what the native kernels compute with, for an fp32 reference."""
+    new = copy.copy(block)
+    for name, m in block.matrices().items():
+        setattr(new, name, roundtrip(m, fmt))
+    return new
+
+
 def dequantized_weights(weights, fmt: str):
     """A copy of Predictor/TalkerWeights whose matrices are replaced by their ``fmt`` round trip.
 
@@ -176,12 +185,7 @@ def dequantized_weights(weights, fmt: str):
     """
     check_format(fmt)
     out = copy.copy(weights)
-    out.layers = []
-    for layer in weights.layers:
-        new = copy.copy(layer)
-        for name, m in layer.matrices().items():
-            setattr(new, name, roundtrip(m, fmt))
-        out.layers.append(new)
+    out.layers = [dequantized_block(layer, fmt) for layer in weights.layers]
     if hasattr(weights, "lm_head"):
         out.lm_head = torch.stack([roundtrip(h, fmt) for h in weights.lm_head])
         if weights.proj_weight is not None:

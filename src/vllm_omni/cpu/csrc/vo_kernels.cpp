@@ -438,7 +438,7 @@ inline void q4_tile2(const uint8_t* wa, const uint8_t* wb, const Act& a, int64_t
 
 // Four tiles side by side, group by group (four read streams, see for_tile_streams): for each
 // tile the same sums, in the same order, as q4_tile. On the development host (Zen 4) four
-// streams made the 1-thread int4 pass 3 to 5 % faster than two; six or eight made it a quarter
+// streams made the 1-thread int4 pass 3 to 5 % faster than two; six or eight made it a fifth
 // to a half slower (their sums alone take 24 or all 32 of the 32 vector registers;
 // docs/analysis/cpu-kernels.md).
 inline void q4_tile4(const uint8_t* const* w, const Act& a, int64_t cols, float* const* o) {
