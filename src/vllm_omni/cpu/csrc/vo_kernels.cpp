@@ -420,38 +420,28 @@ inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
     tile_by_groups<Q4_GROUP_BYTES>(w, a, cols, out, [](auto&&... args) { q4_group32(std::forward<decltype(args)>(args)...); });
 }
 
-// Two tiles side by side, group by group (two read streams, see for_tile_streams): for each tile
-// the same sums, in the same order, as q4_tile.
-inline void q4_tile2(const uint8_t* wa, const uint8_t* wb, const Act& a, int64_t cols, float* oa, float* ob) {
-    __m512 la0 = _mm512_setzero_ps(), la1 = la0, ha0 = la0, ha1 = la0, lb0 = la0, lb1 = la0, hb0 = la0, hb1 = la0;
+// N tiles side by side, group by group (N read streams, see for_tile_streams): for each tile the
+// same sums, in the same order, as q4_tile. On the development host (Zen 4) four streams made
+// the 1-thread int4 pass 3 to 5 % faster than two; six or eight made it a fifth to a half slower
+// (their sums alone take 24 or all 32 of the 32 vector registers; docs/analysis/cpu-kernels.md).
+template <int N>
+inline void q4_tiles(const uint8_t* const* w, const Act& a, int64_t cols, float* const* o) {
+    __m512 l0[N], l1[N], h0[N], h1[N];
+    for (int k = 0; k < N; ++k) l0[k] = l1[k] = h0[k] = h1[k] = _mm512_setzero_ps();
     for (int64_t g = 0; g < cols / 32; g += 2) {
-        q4_group32(wa + g * Q4_GROUP_BYTES, a, g, la0, ha0);
-        q4_group32(wb + g * Q4_GROUP_BYTES, a, g, lb0, hb0);
-        q4_group32(wa + (g + 1) * Q4_GROUP_BYTES, a, g + 1, la1, ha1);
-        q4_group32(wb + (g + 1) * Q4_GROUP_BYTES, a, g + 1, lb1, hb1);
+        for (int k = 0; k < N; ++k) q4_group32(w[k] + g * Q4_GROUP_BYTES, a, g, l0[k], h0[k]);
+        for (int k = 0; k < N; ++k) q4_group32(w[k] + (g + 1) * Q4_GROUP_BYTES, a, g + 1, l1[k], h1[k]);
     }
-    _mm512_storeu_ps(oa, _mm512_add_ps(la0, la1));
-    _mm512_storeu_ps(oa + 16, _mm512_add_ps(ha0, ha1));
-    _mm512_storeu_ps(ob, _mm512_add_ps(lb0, lb1));
-    _mm512_storeu_ps(ob + 16, _mm512_add_ps(hb0, hb1));
-}
-
-// Four tiles side by side, group by group (four read streams, see for_tile_streams): for each
-// tile the same sums, in the same order, as q4_tile. On the development host (Zen 4) four
-// streams made the 1-thread int4 pass 3 to 5 % faster than two; six or eight made it a fifth
-// to a half slower (their sums alone take 24 or all 32 of the 32 vector registers;
-// docs/analysis/cpu-kernels.md).
-inline void q4_tile4(const uint8_t* const* w, const Act& a, int64_t cols, float* const* o) {
-    __m512 l0[4], l1[4], h0[4], h1[4];
-    for (int k = 0; k < 4; ++k) l0[k] = l1[k] = h0[k] = h1[k] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < cols / 32; g += 2) {
-        for (int k = 0; k < 4; ++k) q4_group32(w[k] + g * Q4_GROUP_BYTES, a, g, l0[k], h0[k]);
-        for (int k = 0; k < 4; ++k) q4_group32(w[k] + (g + 1) * Q4_GROUP_BYTES, a, g + 1, l1[k], h1[k]);
-    }
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < N; ++k) {
         _mm512_storeu_ps(o[k], _mm512_add_ps(l0[k], l1[k]));
         _mm512_storeu_ps(o[k] + 16, _mm512_add_ps(h0[k], h1[k]));
     }
+}
+
+inline void q4_tile2(const uint8_t* wa, const uint8_t* wb, const Act& a, int64_t cols, float* oa, float* ob) {
+    const uint8_t* w[2] = {wa, wb};
+    float* o[2] = {oa, ob};
+    q4_tiles<2>(w, a, cols, o);
 }
 constexpr int Q4_STREAMS = 4;  // GEMVs walk int4 tiles four side by side (for_tile_streams)
 #elif defined(VO_AVX2)
@@ -716,9 +706,10 @@ inline void tiles_dot(const VoMat& m, const int64_t* r, const Act& a, float (*v)
         q4_tile2(q4_tile_at(m, r[0]), q4_tile_at(m, r[1]), a, m.cols, v[0], v[1]);
     } else if constexpr (FMT == FMT_I4) {
 #if defined(VO_AVX512VNNI)
-        const uint8_t* w[4] = {q4_tile_at(m, r[0]), q4_tile_at(m, r[1]), q4_tile_at(m, r[2]), q4_tile_at(m, r[3])};
-        float* o[4] = {v[0], v[1], v[2], v[3]};
-        q4_tile4(w, a, m.cols, o);
+        const uint8_t* w[N];
+        float* o[N];
+        for (int k = 0; k < N; ++k) w[k] = q4_tile_at(m, r[k]), o[k] = v[k];
+        q4_tiles<N>(w, a, m.cols, o);
 #endif
     } else if constexpr (FMT == FMT_I8) {
         q8_tile2(q8_tile_at(m, r[0]), q8_tile_at(m, r[1]), a, m.cols, v[0], v[1]);
@@ -898,7 +889,7 @@ inline void for_gemv_rows(int64_t rows, F&& f) {
 // loop. With the tiles of a group read a little of each in turn (q4_tile2), a core reads N
 // streams at once, as the read probe may: on the development host (Zen 4) two made the int4
 // pass about 3 % faster at 1 thread and up to 5 % at 2, where pairs of adjacent tiles made it
-// a fifth slower, and four (q4_tile4) 3 to 5 % faster again at 1 thread
+// a fifth slower, and four (q4_tiles) 3 to 5 % faster again at 1 thread
 // (docs/analysis/cpu-kernels.md).
 template <int TILE, int N, class FN, class F1>
 inline void for_tile_streams(int64_t rows, FN&& fn, F1&& f1) {
