@@ -192,6 +192,30 @@ def test_thread_count_does_not_change_any_format(fmt):
             assert torch.equal(a, b), (fmt, threads)
 
 
+def test_workspace_follows_the_thread_count():
+    """Each thread keeps its own copy of every GEMV's input in the workspace: set_threads grows
+    it, and a stack whose thread count outgrew its workspace is refused (-4), not overrun."""
+    from vllm_omni.cpu.fused_talker import FusedTalker
+    from vllm_omni.cpu.predictor import FusedPredictor
+
+    fused = FusedPredictor(random_predictor_weights(SPEC, seed=4, layers=1), "int4", threads=1)
+    talker = FusedTalker(random_talker_weights(SPEC, seed=4, layers=1), "int4", threads=1, max_positions=8)
+    one = fused.native.c.ws_bytes
+    fused.set_threads(4)
+    assert fused.native.c.ws_bytes > one
+    fused.set_threads(1)
+    assert fused.native.c.ws_bytes > one  # kept: large enough for fewer threads too
+    ph, c0 = inputs(5)
+    x = torch.randn(SPEC.talker.hidden, generator=torch.Generator().manual_seed(6))
+    fused.native.c.threads = talker.native.c.threads = 64  # behind set_threads' back
+    with pytest.raises(RuntimeError, match=r"vo_stack_forward failed \(-4\)"):
+        fused.pass_once()
+    with pytest.raises(RuntimeError, match=r"vo_predictor_frame failed \(-4\)"):
+        fused.frame(ph, c0)
+    with pytest.raises(RuntimeError, match=r"vo_talker_step failed \(-4\)"):
+        talker.step(x)
+
+
 def _rel_errors(got, ref):
     scale = ref.abs().max()
     diff = (got - ref).abs()

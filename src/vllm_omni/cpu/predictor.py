@@ -91,7 +91,19 @@ class NativeStack:
             max_positions, self.threads, s.rms_eps, int(kv_cache == "fp16"), self.c_layers, self.norm.data_ptr(),
             self.rope_cos.data_ptr(), self.rope_sin.data_ptr(), None, 0,
         )
-        nbytes = self.lib.vo_workspace_bytes(ctypes.byref(self.c), int(extra_len))
+        self.extra_len = int(extra_len)
+        self.workspace = None
+        self._fit_workspace()
+
+    def _fit_workspace(self) -> None:
+        """Make the workspace at least as large as the kernels need at the current thread count.
+
+        Each thread keeps its own copy of every GEMV's input there, so more threads need more
+        bytes; the workspace holds nothing between calls, so it is simply replaced.
+        """
+        nbytes = self.lib.vo_workspace_bytes(ctypes.byref(self.c), self.extra_len)
+        if self.workspace is not None and nbytes <= self.c.ws_bytes:
+            return
         self.workspace = torch.empty(nbytes + 64, dtype=torch.uint8)
         addr = self.workspace.data_ptr()
         self.c.ws = (addr + 63) // 64 * 64
@@ -99,6 +111,7 @@ class NativeStack:
 
     def set_threads(self, threads: int) -> None:
         self.threads = self.c.threads = int(threads)
+        self._fit_workspace()
 
     def forward(self, x: Tensor, pos0: int, head: QuantMatrix | None = None) -> tuple[Tensor, Tensor | None]:
         """Run ``x`` [T, H] (T <= 2) at positions pos0..; (final-normed hidden [T, H], logits of the last or None)."""

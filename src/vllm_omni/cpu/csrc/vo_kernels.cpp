@@ -2,8 +2,8 @@
 //
 // One call runs a whole predictor frame (15 passes, sampling included) or one talker step
 // inside a single OpenMP parallel region: matrix-vector products are split by output rows
-// across threads, the small per-token work (norms, activation quantisation, sampling) runs on
-// one thread between barriers. Weights are fp32, int8 (one fp32 scale per output row, packed in
+// across threads; every thread norms and quantises each GEMV's input into its own copy
+// (norm_prep, prep_act), and sampling runs on one thread between barriers. Weights are fp32, int8 (one fp32 scale per output row, packed in
 // tiles of 32 rows, see q8_tile) or int4 (groups of 32 along the input, one fp16 scale per
 // group, packed in tiles of 32 rows with the scales inside the stream, see q4_tile). For int8/int4
 // the activation vector is quantised to int8 in blocks of 32 with one fp32 scale per block and
@@ -92,8 +92,8 @@ struct VoStack {
     const float* final_norm;
     const float* rope_cos;  // [max_pos, head_dim/2]
     const float* rope_sin;
-    void* ws;               // workspace, vo_workspace_bytes(stack, vocab) bytes, 64-byte aligned
-    int64_t ws_bytes;
+    void* ws;               // workspace, vo_workspace_bytes(stack, vocab) bytes, 64-byte aligned; its
+    int64_t ws_bytes;       // size depends on the thread count (each thread's activations)
 };
 
 }  // extern "C"
@@ -745,11 +745,13 @@ inline void with_fmt(int fmt, F&& f) {
 
 struct Work {
     float* x;       // [T, H] residual stream
-    float* xn;      // [T, maxin] normed input / attention output / swiglu output (fp32)
+    float* xn;      // [T, maxin] attention output; a frame's staged projection input (fp32)
     float* qkv;     // [T, q_dim + 2 kv_dim]
     float* h;       // [T, maxin] swiglu output
     float* scores;  // [heads, max_pos]
-    Act act[MAX_TOKENS];
+    Act* act;       // [team][MAX_TOKENS] each thread's copy of the next GEMV's input (own_act)
+    float* normed;  // [team][MAX_TOKENS, maxin] each thread's normed rows (own_normed)
+    int team;       // threads the buffers are laid out for (run_threads)
     int64_t maxin;
     int64_t xn_stride;
     int64_t qkv_stride;
@@ -758,6 +760,8 @@ struct Work {
 };
 
 inline int64_t align64(int64_t v) { return (v + 63) & ~int64_t(63); }
+
+int run_threads(const VoStack& st) { return st.threads > 0 ? st.threads : omp_get_max_threads(); }
 
 int64_t layout(const VoStack& st, int64_t extra_len, Work* w) {
     const int64_t H = st.hidden, I = st.inter, qd = (int64_t)st.heads * st.head_dim,
@@ -781,11 +785,16 @@ int64_t layout(const VoStack& st, int64_t extra_len, Work* w) {
     W.qkv = (float*)take(sizeof(float) * MAX_TOKENS * W.qkv_stride);
     W.h = (float*)take(sizeof(float) * MAX_TOKENS * maxin);
     W.scores = (float*)take(sizeof(float) * st.heads * (int64_t)st.max_pos);
-    for (int t = 0; t < MAX_TOKENS; ++t) {
-        W.act[t].f = nullptr;
-        W.act[t].q = (int8_t*)take(maxin);
-        W.act[t].d = (float*)take(sizeof(float) * maxin / 32);
-        W.act[t].gcorr = (int32_t*)take(sizeof(int32_t) * maxin / 16);
+    W.team = run_threads(st);
+    W.normed = (float*)take(sizeof(float) * W.team * MAX_TOKENS * maxin);
+    W.act = (Act*)take(sizeof(Act) * W.team * MAX_TOKENS);
+    for (int i = 0; i < W.team * MAX_TOKENS; ++i) {
+        Act a;
+        a.f = nullptr;
+        a.q = (int8_t*)take(maxin);
+        a.d = (float*)take(sizeof(float) * maxin / 32);
+        a.gcorr = (int32_t*)take(sizeof(int32_t) * maxin / 16);
+        if (base) W.act[i] = a;
     }
     W.extra = (float*)take(sizeof(float) * std::max<int64_t>(extra_len, 1));
     W.extra_len = extra_len;
@@ -795,8 +804,9 @@ int64_t layout(const VoStack& st, int64_t extra_len, Work* w) {
 // ---------------------------------------------------------------------------------------------
 // Building blocks, called from inside the parallel region.
 
-// The sum of squares is kept in double (8 lanes under AVX2): it runs on one thread while the
-// others wait, so it is vectorised, but it stays as exact as the reference's.
+// The sum of squares is kept in double (8 lanes under AVX2): every thread norms the whole row
+// (norm_prep) on the path between two GEMVs, so it is vectorised, but it stays as exact as the
+// reference's.
 inline void rmsnorm(const float* x, const float* w, float* y, int64_t n, float eps) {
     double ss = 0.0;
     int64_t i = 0;
@@ -850,12 +860,32 @@ inline void swiglu(const float* g, const float* u, float* out, int n) {
     for (; i < n; ++i) out[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
 }
 
-// Prepare activations of T tokens (rows of src with stride) for a GEMV (single thread).
+// Each thread's own copy of a GEMV's input, quantised (int8/int4) or pointed at (fp32), and its
+// own buffer of normed rows. Every thread prepares the whole input itself, from rows that the
+// team has finished writing, instead of one thread preparing it while the others wait at a
+// barrier and then read it from that thread's cache: the barrier goes, and each core's row dots
+// read activations from its own cache. Every copy holds the same values, so results do not
+// change. Across two core complexes of the Zen 4 development host this made the 2-thread int4
+// pass about 6 % faster; on one L3 it was unchanged (docs/analysis/cpu-kernels.md).
+inline Act* own_act(Work& W) { return W.act + (int64_t)omp_get_thread_num() * MAX_TOKENS; }
+inline float* own_normed(Work& W) { return W.normed + (int64_t)omp_get_thread_num() * MAX_TOKENS * W.xn_stride; }
+
+// This thread's activations of T tokens (rows of src with stride) for the next GEMV; called by
+// every thread of the team.
 inline void prep_act(int fmt, Work& W, const float* src, int64_t stride, int64_t n, int T) {
+    Act* act = own_act(W);
     for (int t = 0; t < T; ++t) {
-        W.act[t].f = src + t * stride;
-        if (fmt != FMT_F32) quantize_act(src + t * stride, n, W.act[t]);
+        act[t].f = src + t * stride;
+        if (fmt != FMT_F32) quantize_act(src + t * stride, n, act[t]);
     }
+}
+
+// rmsnorm of T rows of x (stride n) with weight w into this thread's normed rows, prepared for
+// the next GEMV; called by every thread of the team.
+inline void norm_prep(int fmt, Work& W, const float* x, const float* w, int64_t n, int T, float eps) {
+    float* y = own_normed(W);
+    for (int t = 0; t < T; ++t) rmsnorm(x + t * n, w, y + t * W.xn_stride, n, eps);
+    prep_act(fmt, W, y, W.xn_stride, n, T);
 }
 
 enum OutMode { OUT_STORE = 0, OUT_ADD = 1 };
@@ -948,7 +978,7 @@ inline void gemv_rows(int fmt, const VoMat& m, const Act* act, int T, Emit&& emi
 
 // out[t, r] (=|+=) m[r] . act[t] for r in [0, rows), rows split across the team.
 inline void gemv(int fmt, const VoMat& m, Work& W, int T, float* out, int64_t out_stride, OutMode mode) {
-    gemv_rows(fmt, m, W.act, T, [&](int t, int64_t r0, int nr, const float* v) {
+    gemv_rows(fmt, m, own_act(W), T, [&](int t, int64_t r0, int nr, const float* v) {
         float* o = out + t * out_stride + r0;
         for (int i = 0; i < nr; ++i) o[i] = mode == OUT_ADD ? o[i] + v[i] : v[i];
     });
@@ -961,13 +991,14 @@ inline void gemv(int fmt, const VoMat& m, Work& W, int T, float* out, int64_t ou
 // a gate tile of each part is read with its up tile: four streams, a tile left over at the end
 // of a share as a pair.
 inline void gemv_swiglu(int fmt, const VoMat& m, int64_t I, Work& W, int T, float* out, int64_t out_stride) {
+    const Act* act = own_act(W);
     with_fmt(fmt, [&](auto F) {
         constexpr int FMT = decltype(F)::value;
         auto pair = [&](int64_t r0, int nr) {
             for (int t = 0; t < T; ++t) {
                 const int64_t r[2] = {r0, r0 + I};
                 float gu[2][TILE_ROWS<FMT>];
-                tiles_dot<FMT, 2>(m, r, W.act[t], gu);
+                tiles_dot<FMT, 2>(m, r, act[t], gu);
                 swiglu(gu[0], gu[1], out + t * out_stride + r0, nr);
             }
         };
@@ -978,7 +1009,7 @@ inline void gemv_swiglu(int fmt, const VoMat& m, int64_t I, Work& W, int T, floa
                     for (int t = 0; t < T; ++t) {
                         const int64_t r[4] = {g[0], g[1], g[0] + I, g[1] + I};
                         float gu[4][ROW_TILE];
-                        tiles_dot<FMT, 4>(m, r, W.act[t], gu);
+                        tiles_dot<FMT, 4>(m, r, act[t], gu);
                         for (int k = 0; k < 2; ++k) swiglu(gu[k], gu[k + 2], out + t * out_stride + g[k], ROW_TILE);
                     }
                 },
@@ -1148,11 +1179,7 @@ void layer_forward(const VoStack& st, const VoLayer& L, Work& W, int T, int pos0
     const int64_t mp = st.max_pos;
     const bool f16 = st.kv_f16 != 0;
 
-#pragma omp single
-    {
-        for (int t = 0; t < T; ++t) rmsnorm(W.x + t * H, L.input_norm, W.xn + t * W.xn_stride, H, st.eps);
-        prep_act(fmt, W, W.xn, W.xn_stride, H, T);
-    }
+    norm_prep(fmt, W, W.x, L.input_norm, H, T, st.eps);
     gemv(fmt, L.qkv, W, T, W.qkv, W.qkv_stride, OUT_STORE);
     // Attention, one KV head (and its `rep` query heads) per iteration: k norm + rope, k and v
     // into the cache, then each query head's norm + rope and causal softmax over the cache,
@@ -1180,16 +1207,10 @@ void layer_forward(const VoStack& st, const VoLayer& L, Work& W, int T, int pos0
                            L.k_cache, L.v_cache, kv0, n, (int)hd, f16, scale);
         }
     }
-#pragma omp single
     prep_act(fmt, W, W.xn, W.xn_stride, qd, T);
     gemv(fmt, L.o, W, T, W.x, H, OUT_ADD);
-#pragma omp single
-    {
-        for (int t = 0; t < T; ++t) rmsnorm(W.x + t * H, L.post_norm, W.xn + t * W.xn_stride, H, st.eps);
-        prep_act(fmt, W, W.xn, W.xn_stride, H, T);
-    }
+    norm_prep(fmt, W, W.x, L.post_norm, H, T, st.eps);
     gemv_swiglu(fmt, L.gate_up, I, W, T, W.h, W.xn_stride);
-#pragma omp single
     prep_act(fmt, W, W.h, W.xn_stride, I, T);
     gemv(fmt, L.down, W, T, W.x, H, OUT_ADD);
 }
@@ -1249,8 +1270,6 @@ bool stack_ok(const VoStack& st) {
     return rows_ok(st.fmt, qd + 2 * kvd);
 }
 
-int run_threads(const VoStack& st) { return st.threads > 0 ? st.threads : omp_get_max_threads(); }
-
 }  // namespace
 
 extern "C" {
@@ -1301,6 +1320,7 @@ int32_t vo_stack_forward(const VoStack* stp, const float* x, int32_t T, int32_t 
     const VoStack& st = *stp;
     if (!stack_ok(st) || T < 1 || T > MAX_TOKENS || pos0 < 0 || pos0 + T > st.max_pos) return -1;
     if (head && (head->cols != st.hidden || !rows_ok(st.fmt, head->rows))) return -2;
+    if (vo_workspace_bytes(stp, 0) > st.ws_bytes) return -4;
     Work W;
     layout(st, 0, &W);
     const int64_t H = st.hidden;
@@ -1308,11 +1328,9 @@ int32_t vo_stack_forward(const VoStack* stp, const float* x, int32_t T, int32_t 
 #pragma omp parallel num_threads(run_threads(st))
     {
         for (int l = 0; l < st.n_layers; ++l) layer_forward(st, st.layers[l], W, T, pos0);
-#pragma omp single
-        {
-            for (int t = 0; t < T; ++t) rmsnorm(W.x + t * H, st.final_norm, out + t * H, H, st.eps);
-            prep_act(st.fmt, W, out + (T - 1) * H, H, H, 1);
-        }
+        if (head) norm_prep(st.fmt, W, W.x + (T - 1) * H, st.final_norm, H, 1, st.eps);
+#pragma omp single nowait
+        for (int t = 0; t < T; ++t) rmsnorm(W.x + t * H, st.final_norm, out + t * H, H, st.eps);
         if (head) gemv(st.fmt, *head, W, 1, logits, head->rows, OUT_STORE);
     }
     return 0;
@@ -1494,6 +1512,7 @@ int32_t vo_talker_step(const VoStack* stp, const VoMat* head, const float* x, in
     const VoStack& st = *stp;
     if (!stack_ok(st) || pos < 0 || pos >= st.max_pos || head->cols != st.hidden || !rows_ok(st.fmt, head->rows))
         return -1;
+    if (vo_workspace_bytes(stp, 0) > st.ws_bytes) return -4;
     Work W;
     layout(st, 0, &W);
     const int64_t H = st.hidden;
@@ -1501,11 +1520,9 @@ int32_t vo_talker_step(const VoStack* stp, const VoMat* head, const float* x, in
 #pragma omp parallel num_threads(run_threads(st))
     {
         for (int l = 0; l < st.n_layers; ++l) layer_forward(st, st.layers[l], W, 1, pos);
-#pragma omp single
-        {
-            rmsnorm(W.x, st.final_norm, hidden, H, st.eps);
-            prep_act(st.fmt, W, hidden, H, H, 1);
-        }
+        norm_prep(st.fmt, W, W.x, st.final_norm, H, 1, st.eps);
+#pragma omp single nowait
+        rmsnorm(W.x, st.final_norm, hidden, H, st.eps);
         gemv(st.fmt, *head, W, 1, logits, head->rows, OUT_STORE);
     }
     return 0;
@@ -1556,8 +1573,8 @@ int32_t vo_predictor_frame(const VoStack* stp, const VoMat* heads, int32_t G, co
                     } else {
                         std::memcpy(W.xn, emb + ((int64_t)(k - 2) * V + code) * Ht, sizeof(float) * Ht);
                     }
-                    prep_act(st.fmt, W, W.xn, W.xn_stride, Ht, T);
                 }
+                prep_act(st.fmt, W, W.xn, W.xn_stride, Ht, T);
                 gemv(st.fmt, *proj, W, T, W.x, H, OUT_STORE);
 #pragma omp single
                 for (int t = 0; t < T; ++t)
@@ -1575,11 +1592,7 @@ int32_t vo_predictor_frame(const VoStack* stp, const VoMat* heads, int32_t G, co
             }
             for (int l = 0; l < st.n_layers; ++l) layer_forward(st, st.layers[l], W, T, pos0);
             // final norm of the last token, head k-1, sampling
-#pragma omp single
-            {
-                rmsnorm(W.x + (T - 1) * H, st.final_norm, W.xn, H, st.eps);
-                prep_act(st.fmt, W, W.xn, W.xn_stride, H, 1);
-            }
+            norm_prep(st.fmt, W, W.x + (T - 1) * H, st.final_norm, H, 1, st.eps);
             gemv(st.fmt, heads[k - 1], W, 1, logits_buf, V, OUT_STORE);
 #pragma omp single
             {
