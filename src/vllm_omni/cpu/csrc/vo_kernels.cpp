@@ -763,6 +763,9 @@ inline int64_t align64(int64_t v) { return (v + 63) & ~int64_t(63); }
 
 int run_threads(const VoStack& st) { return st.threads > 0 ? st.threads : omp_get_max_threads(); }
 
+// The workspace's bytes for st (the return value) and, with w, its buffers in st.ws. With w it
+// also writes the table of each thread's activations into st.ws, so a caller checks first that
+// vo_workspace_bytes fits st.ws_bytes (the thread count sets the size).
 int64_t layout(const VoStack& st, int64_t extra_len, Work* w) {
     const int64_t H = st.hidden, I = st.inter, qd = (int64_t)st.heads * st.head_dim,
                   kvd = (int64_t)st.kv_heads * st.head_dim;
@@ -1548,10 +1551,10 @@ int32_t vo_predictor_frame(const VoStack* stp, const VoMat* heads, int32_t G, co
     if (!stack_ok(st) || G + 1 > st.max_pos || !rows_ok(st.fmt, V)) return -1;
     if (!has_proj && Ht != H) return -2;
     if (has_proj && (proj->rows != H || proj->cols != Ht || Ht % 64)) return -2;
-    Work W;
     const int64_t extra_len = std::max<int64_t>(3 * V, Ht);
+    if (vo_workspace_bytes(stp, extra_len) > st.ws_bytes) return -4;  // before layout writes into it
+    Work W;
     layout(st, extra_len, &W);
-    if (vo_workspace_bytes(stp, extra_len) > st.ws_bytes) return -4;
     float* logits_buf = W.extra;         // [V]
     float* samp_scratch = W.extra + V;   // [2V]
     // The next input row(s) in table space (Ht wide) are staged in xn before projection.
