@@ -2,12 +2,13 @@
 //
 // One call runs a whole predictor frame (15 passes, sampling included) or one talker step
 // inside a single OpenMP parallel region: matrix-vector products are split by output rows
-// across threads; every thread norms and quantises each GEMV's input into its own copy
-// (norm_prep, prep_act), and sampling runs on one thread between barriers. Weights are fp32, int8 (one fp32 scale per output row, packed in
-// tiles of 32 rows, see q8_tile) or int4 (groups of 32 along the input, one fp16 scale per
-// group, packed in tiles of 32 rows with the scales inside the stream, see q4_tile). For int8/int4
-// the activation vector is quantised to int8 in blocks of 32 with one fp32 scale per block and
-// the products use integer dot instructions (AVX-512 VNNI, AVX2 maddubs, or plain C).
+// across threads, every thread norms and quantises each GEMV's input into its own copy
+// (norm_prep, prep_act), and sampling runs on one thread between barriers. Weights are fp32,
+// int8 (one fp32 scale per output row, packed in tiles of 32 rows, see q8_tile) or int4
+// (groups of 32 along the input, one fp16 scale per group, packed in tiles of 32 rows with the
+// scales inside the stream, see q4_tile). For int8/int4 the activation vector is quantised to
+// int8 in blocks of 32 with one fp32 scale per block and the products use integer dot
+// instructions (AVX-512 VNNI, AVX2 maddubs, or plain C).
 //
 // All memory (weights, caches, workspace, outputs) is owned by the caller; this file only
 // reads and writes through the pointers it is given. Built with -O3 -march=native -fopenmp.
@@ -868,8 +869,9 @@ inline void swiglu(const float* g, const float* u, float* out, int n) {
 // team has finished writing, instead of one thread preparing it while the others wait at a
 // barrier and then read it from that thread's cache: the barrier goes, and each core's row dots
 // read activations from its own cache. Every copy holds the same values, so results do not
-// change. Across two core complexes of the Zen 4 development host this made the 2-thread int4
-// pass about 6 % faster; on one L3 it was unchanged (docs/analysis/cpu-kernels.md).
+// change. With the two threads in two core complexes of the Zen 4 development host, this made
+// the 2-thread int4 pass about 9 % faster and its predictor frame about 8 %; with both on one
+// L3 it changed nothing clear of the noise (docs/analysis/cpu-kernels.md).
 inline Act* own_act(Work& W) { return W.act + (int64_t)omp_get_thread_num() * MAX_TOKENS; }
 inline float* own_normed(Work& W) { return W.normed + (int64_t)omp_get_thread_num() * MAX_TOKENS * W.xn_stride; }
 
