@@ -752,7 +752,6 @@ struct Work {
     float* scores;  // [heads, max_pos]
     Act* act;       // [team][MAX_TOKENS] each thread's copy of the next GEMV's input (own_act)
     float* normed;  // [team][MAX_TOKENS, maxin] each thread's normed rows (own_normed)
-    int team;       // threads the buffers are laid out for (run_threads)
     int64_t maxin;
     int64_t xn_stride;
     int64_t qkv_stride;
@@ -765,8 +764,8 @@ inline int64_t align64(int64_t v) { return (v + 63) & ~int64_t(63); }
 int run_threads(const VoStack& st) { return st.threads > 0 ? st.threads : omp_get_max_threads(); }
 
 // The workspace's bytes for st (the return value) and, with w, its buffers in st.ws. With w it
-// also writes the table of each thread's activations into st.ws, so a caller checks first that
-// vo_workspace_bytes fits st.ws_bytes (the thread count sets the size).
+// also writes the table of each thread's activations into st.ws: callers go through
+// lay_out_work, which checks the size first (the thread count sets it).
 int64_t layout(const VoStack& st, int64_t extra_len, Work* w) {
     const int64_t H = st.hidden, I = st.inter, qd = (int64_t)st.heads * st.head_dim,
                   kvd = (int64_t)st.kv_heads * st.head_dim;
@@ -789,10 +788,10 @@ int64_t layout(const VoStack& st, int64_t extra_len, Work* w) {
     W.qkv = (float*)take(sizeof(float) * MAX_TOKENS * W.qkv_stride);
     W.h = (float*)take(sizeof(float) * MAX_TOKENS * maxin);
     W.scores = (float*)take(sizeof(float) * st.heads * (int64_t)st.max_pos);
-    W.team = run_threads(st);
-    W.normed = (float*)take(sizeof(float) * W.team * MAX_TOKENS * maxin);
-    W.act = (Act*)take(sizeof(Act) * W.team * MAX_TOKENS);
-    for (int i = 0; i < W.team * MAX_TOKENS; ++i) {
+    const int team = run_threads(st);  // each thread its own activations (own_act)
+    W.normed = (float*)take(sizeof(float) * team * MAX_TOKENS * maxin);
+    W.act = (Act*)take(sizeof(Act) * team * MAX_TOKENS);
+    for (int i = 0; i < team * MAX_TOKENS; ++i) {
         Act a;
         a.f = nullptr;
         a.q = (int8_t*)take(maxin);
@@ -803,6 +802,21 @@ int64_t layout(const VoStack& st, int64_t extra_len, Work* w) {
     W.extra = (float*)take(sizeof(float) * std::max<int64_t>(extra_len, 1));
     W.extra_len = extra_len;
     return off;
+}
+
+// Bytes of workspace st needs (vo_workspace_bytes): its layout, computed without touching st.ws.
+int64_t workspace_bytes(const VoStack& st, int64_t extra_len) {
+    VoStack s = st;
+    s.ws = nullptr;
+    return layout(s, extra_len, nullptr) + 64;
+}
+
+// W laid out in st.ws, or false, with nothing written, where st.ws_bytes is too small for st's
+// thread count (the entry points then return -4).
+bool lay_out_work(const VoStack& st, int64_t extra_len, Work& W) {
+    if (workspace_bytes(st, extra_len) > st.ws_bytes) return false;
+    layout(st, extra_len, &W);
+    return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1311,11 +1325,7 @@ int32_t vo_isa() {
 }
 
 // Bytes of workspace needed for this stack; extra_len floats of caller scratch (>= vocab*2).
-int64_t vo_workspace_bytes(const VoStack* st, int64_t extra_len) {
-    VoStack s = *st;
-    s.ws = nullptr;
-    return layout(s, extra_len, nullptr) + 64;
-}
+int64_t vo_workspace_bytes(const VoStack* st, int64_t extra_len) { return workspace_bytes(*st, extra_len); }
 
 // Run the stack on T tokens x[T, H] at positions pos0.., leaving the final-normed hidden
 // states in out[T, H]; with a head, also logits[head.rows] of the last token. One predictor
@@ -1325,9 +1335,8 @@ int32_t vo_stack_forward(const VoStack* stp, const float* x, int32_t T, int32_t 
     const VoStack& st = *stp;
     if (!stack_ok(st) || T < 1 || T > MAX_TOKENS || pos0 < 0 || pos0 + T > st.max_pos) return -1;
     if (head && (head->cols != st.hidden || !rows_ok(st.fmt, head->rows))) return -2;
-    if (vo_workspace_bytes(stp, 0) > st.ws_bytes) return -4;
     Work W;
-    layout(st, 0, &W);
+    if (!lay_out_work(st, 0, W)) return -4;
     const int64_t H = st.hidden;
     std::memcpy(W.x, x, sizeof(float) * T * H);
 #pragma omp parallel num_threads(run_threads(st))
@@ -1517,9 +1526,8 @@ int32_t vo_talker_step(const VoStack* stp, const VoMat* head, const float* x, in
     const VoStack& st = *stp;
     if (!stack_ok(st) || pos < 0 || pos >= st.max_pos || head->cols != st.hidden || !rows_ok(st.fmt, head->rows))
         return -1;
-    if (vo_workspace_bytes(stp, 0) > st.ws_bytes) return -4;
     Work W;
-    layout(st, 0, &W);
+    if (!lay_out_work(st, 0, W)) return -4;
     const int64_t H = st.hidden;
     std::memcpy(W.x, x, sizeof(float) * H);
 #pragma omp parallel num_threads(run_threads(st))
@@ -1554,9 +1562,8 @@ int32_t vo_predictor_frame(const VoStack* stp, const VoMat* heads, int32_t G, co
     if (!has_proj && Ht != H) return -2;
     if (has_proj && (proj->rows != H || proj->cols != Ht || Ht % 64)) return -2;
     const int64_t extra_len = std::max<int64_t>(3 * V, Ht);
-    if (vo_workspace_bytes(stp, extra_len) > st.ws_bytes) return -4;  // before layout writes into it
     Work W;
-    layout(st, extra_len, &W);
+    if (!lay_out_work(st, extra_len, W)) return -4;
     float* logits_buf = W.extra;         // [V]
     float* samp_scratch = W.extra + V;   // [2V]
     // The next input row(s) in table space (Ht wide) are staged in xn before projection.
