@@ -32,6 +32,13 @@ def _edit(root, art_id, change):
     path.write_text(json.dumps(data))
 
 
+def _faster_at_two_threads(data):
+    """The fused 2-thread row of a predictor artifact, made to meet the pass target (1.25)."""
+    for row in data["rows"]:
+        if row[0] == "fused" and row[2] == 2:
+            row[9] = 1.25  # pass / floor
+
+
 def test_targets_is_a_registered_subcommand():
     assert "targets" in cli.SUBCOMMAND_MODULES
 
@@ -91,12 +98,7 @@ def test_a_faster_run_flips_its_verdict(tmp_path):
     root = _copy(tmp_path)
     art_id = "cpu-path/predictor-both-int4-t1-2-zen1"
 
-    def faster(data):
-        for row in data["rows"]:
-            if row[0] == "fused" and row[2] == 2:
-                row[9] = 1.25  # pass / floor
-
-    _edit(root, art_id, faster)
+    _edit(root, art_id, _faster_at_two_threads)
     board = {(r["artifact"], r["threads"], r["target"]): r for r in rows(targets.scoreboard(root))}
     assert board[(art_id, 2, targets.PASS_TARGET)]["met"] == "yes"
     assert board[(art_id, 1, targets.PASS_TARGET)]["met"] == "no"
@@ -157,3 +159,37 @@ def test_round_trips_are_those_of_the_rows_thread_count(tmp_path):
     for target in (targets.RTF_TARGET, targets.SAMPLER_TARGET):
         r = board[(frame, 2, target)]
         assert (r["round trip min"], r["round trip max"]) == (55.0, 340.0)
+
+
+SUMMARY = load("cpu-path/targets-summary")
+
+
+def test_the_summary_counts_every_scoreboard_row_once():
+    names = [c.name for c in SUMMARY.columns]
+    groups = [dict(zip(names, r)) for r in SUMMARY.rows]
+    assert sum(g["runs"] for g in groups) == len(BOARD.rows)
+    for g in groups:
+        mine = [r for r in rows() if all(r[k] == g[k] for k in targets.GROUP)]
+        figures = sorted(r["measured"] for r in mine)
+        assert g["runs"] == len(mine) and g["runs met"] == sum(r["met"] == "yes" for r in mine)
+        assert (g["best"], g["worst"]) == (figures[0], figures[-1])
+        assert g["best"] <= g["median"] <= g["worst"] and g["limit"] == mine[0]["limit"]
+    assert len({tuple(g[k] for k in targets.GROUP) for g in groups}) == len(groups)
+
+
+def test_the_summary_follows_a_flipped_verdict(tmp_path):
+    root = _copy(tmp_path)
+    art_id = "cpu-path/predictor-both-int4-t1-2-zen1"
+
+    key = ("AMD EPYC (family 23, model 1), AVX2, 2 cores", "AVX2", targets.PASS_TARGET, "int4", 2)
+    names = [c["name"] for c in targets.SUMMARY_COLUMNS]
+
+    def group(board):
+        (g,) = [dict(zip(names, r)) for r in targets.summary(board) if tuple(r[:5]) == key]
+        return g
+
+    before = group(targets.scoreboard(root))
+    _edit(root, art_id, _faster_at_two_threads)
+    after = group(targets.scoreboard(root))
+    assert (after["runs"], after["runs met"]) == (before["runs"], before["runs met"] + 1)
+    assert after["best"] == 1.25 < before["best"]

@@ -5,12 +5,15 @@ its read floor at 1 and 2 threads, an int4 frame on 2 threads at a real-time fac
 0.5, and a sampler taking at most 1 % of that frame, all for the 0.6B model. This command reads
 every measured 0.6B predictor and frame artifact under ``results/cpu-path`` and writes one row
 per run and target, so that no run is left out and a new run shows up once the command is
-rerun (a test fails while the committed scoreboard is stale). It measures nothing itself.
+rerun (a test fails while the committed scoreboard is stale). Beside it goes a summary, one row
+per host, kernels, target, weight format and thread count: how many runs there are, how many
+met, and the best, median and worst figure among them. It measures nothing itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from vllm_omni.results.schema import Artifact, leaves, validate
 
 AREA = "cpu-path"
 NAME = "targets"
+SUMMARY_NAME = "targets-summary"
 COMMAND = "vllm-omni-bench targets"
 
 PASS_LIMIT = 1.3  # fused pass / floor, at 1 and 2 threads
@@ -33,6 +37,7 @@ MODEL = "Qwen3-TTS-12Hz-0.6B"  # the model the targets were set for; other sizes
 PASS_TARGET = f"pass / floor ≤ {PASS_LIMIT}"
 RTF_TARGET = f"frame RTF ≤ {RTF_LIMIT}"
 SAMPLER_TARGET = f"sampler ≤ {SAMPLER_LIMIT_PCT:g} % of the frame"
+TARGETS = (PASS_TARGET, RTF_TARGET, SAMPLER_TARGET)
 WEIGHT_ORDER = ("fp32", "bf16", "int8", "int4")
 
 COLUMNS = [
@@ -57,6 +62,15 @@ COLUMNS = [
     {"name": "commit", "unit": None, "type": "text"},
 ]
 NAMES = [c["name"] for c in COLUMNS]
+GROUP = ("host", "kernels", "target", "weights", "threads")  # what one summary row stands for
+SUMMARY_COLUMNS = [c for c in COLUMNS if c["name"] in GROUP] + [
+    {"name": "runs", "unit": None, "type": "number", "format": ".0f"},
+    {"name": "runs met", "unit": None, "type": "number", "format": ".0f"},
+    {"name": "best", "unit": None, "type": "number", "format": ".2f"},
+    {"name": "median", "unit": None, "type": "number", "format": ".2f"},
+    {"name": "worst", "unit": None, "type": "number", "format": ".2f"},
+    {"name": "limit", "unit": None, "type": "number", "format": "g"},
+]
 
 
 def host_label(host: dict[str, Any]) -> str:
@@ -164,12 +178,66 @@ def scoreboard(root: str | Path | None = None) -> list[list[Any]]:
             rows += _pass_rows(art)
         elif source == "vllm-omni-bench frame (fused)":
             rows += _frame_rows(art)
-    targets = (PASS_TARGET, RTF_TARGET, SAMPLER_TARGET)
     host, target, weights, threads, artifact = (NAMES.index(n) for n in ("host", "target", "weights", "threads",
                                                                         "artifact"))
-    rows.sort(key=lambda r: (r[host], targets.index(r[target]), WEIGHT_ORDER.index(r[weights]), r[threads],
+    rows.sort(key=lambda r: (r[host], TARGETS.index(r[target]), WEIGHT_ORDER.index(r[weights]), r[threads],
                              r[artifact]))
     return rows
+
+
+def summary(board: list[list[Any]]) -> list[list[Any]]:
+    """One row per host, kernels, target, weights and threads of the scoreboard ``board``: the
+    runs, how many met, and the best, median and worst figure (every target is an upper limit, so
+    the best is the smallest). Rows go by host, then target, then each build's kernels."""
+    at = [NAMES.index(n) for n in GROUP]
+    measured, met, limit = (NAMES.index(n) for n in ("measured", "met", "limit"))
+    groups: dict[tuple[Any, ...], list[list[Any]]] = {}
+    for row in board:
+        groups.setdefault(tuple(row[i] for i in at), []).append(row)
+
+    def order(key: tuple[Any, ...]) -> tuple[Any, ...]:
+        host, kernels, target, weights, threads = key
+        return (host, TARGETS.index(target), kernels or "", WEIGHT_ORDER.index(weights), threads)
+
+    out = []
+    for key, runs in sorted(groups.items(), key=lambda kv: order(kv[0])):
+        figures = [r[measured] for r in runs]
+        out.append([*key, len(runs), sum(r[met] == "yes" for r in runs), min(figures),
+                    round(statistics.median(figures), 3), max(figures), runs[0][limit]])
+    return out
+
+
+def _provenance() -> dict[str, Any]:
+    return computed_provenance(
+        COMMAND, model=MODEL,
+        weights="as in each source artifact (random, seed 0, published shapes)",
+        source="vllm-omni-bench targets: every measured 0.6B predictor and fused frame artifact "
+               f"under results/{AREA}, checked against the CPU path's targets",
+    )
+
+
+def build_summary(board: list[list[Any]]) -> dict[str, Any]:
+    """The summary artifact of the scoreboard rows ``board`` (validated, not written)."""
+    data = {
+        "schema": 1,
+        "id": f"{AREA}/{SUMMARY_NAME}",
+        "title": "Where the CPU path's targets stand: runs met, per host, format and thread count",
+        "origin": "computed",
+        "provenance": _provenance(),
+        "columns": SUMMARY_COLUMNS,
+        "rows": summary(board),
+        "notes": (
+            f"The scoreboard ({AREA}/{NAME}) grouped by {', '.join(GROUP)}: 'runs' is how many of its "
+            "rows the group has, 'runs met' how many of them met the target, and 'best', 'median' and "
+            "'worst' are the smallest, middle and largest of their 'measured' figures (pass / floor, "
+            "frame RTF, or the sampler's percentage of the frame), each against the same 'limit'. A host "
+            "whose early artifacts did not record its CPU family and model has those runs under a "
+            "label of their own."
+        ),
+        "compare": {"tolerance": 1e-9, "key_columns": list(GROUP), "columns": ["runs", "runs met"]},
+    }
+    validate(data)
+    return data
 
 
 def build(root: str | Path | None = None) -> dict[str, Any]:
@@ -179,12 +247,7 @@ def build(root: str | Path | None = None) -> dict[str, Any]:
         "id": f"{AREA}/{NAME}",
         "title": "Where the CPU path's targets stand, run by run",
         "origin": "computed",
-        "provenance": computed_provenance(
-            COMMAND, model=MODEL,
-            weights="as in each source artifact (random, seed 0, published shapes)",
-            source="vllm-omni-bench targets: every measured 0.6B predictor and fused frame artifact "
-                   f"under results/{AREA}, checked against the CPU path's targets",
-        ),
+        "provenance": _provenance(),
         "columns": COLUMNS,
         "rows": scoreboard(root),
         "notes": (
@@ -212,10 +275,12 @@ def build(root: str | Path | None = None) -> dict[str, Any]:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "targets",
-        help="check every measured 0.6B CPU-path run against the targets and write the scoreboard",
+        help="check every measured 0.6B CPU-path run against the targets and write the scoreboard and its summary",
         description=(
             f"Read the measured 0.6B predictor and fused frame artifacts under results/{AREA} and write "
-            f"results/{AREA}/{NAME}.json: one row per run and target, met or not. Measures nothing."
+            f"results/{AREA}/{NAME}.json, one row per run and target, met or not, and "
+            f"results/{AREA}/{SUMMARY_NAME}.json, the runs met per host, format and thread count. "
+            "Measures nothing."
         ),
     )
     p.add_argument("--no-write", action="store_true", help="print the counts only")
@@ -225,14 +290,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     data = build()
+    brief = build_summary(data["rows"])
     counts: dict[tuple[str, str], list[int]] = {}
-    for row in data["rows"]:
-        r = dict(zip(NAMES, row))
+    for row in brief["rows"]:
+        r = dict(zip((c["name"] for c in SUMMARY_COLUMNS), row))
         met_total = counts.setdefault((r["host"], r["target"]), [0, 0])
-        met_total[0] += r["met"] == "yes"
-        met_total[1] += 1
+        met_total[0] += r["runs met"]
+        met_total[1] += r["runs"]
     for (host, target), (met, total) in counts.items():
         print(f"{host} | {target}: {met} of {total} runs met")
     if not args.no_write:
-        print(f"wrote {store.write(data, args.output)}")
+        for artifact in (data, brief):
+            print(f"wrote {store.write(artifact, args.output)}")
     return 0
