@@ -1,5 +1,6 @@
 """Every numeric flag of every `vllm-omni-bench` subcommand refuses a bad value before anything
-runs: counts below 1, seeds and positions below 0, and more threads than the process's CPUs."""
+runs: counts below 1, seeds and positions below 0, more threads than the process's CPUs, and a
+duration that is not above 0."""
 
 from __future__ import annotations
 
@@ -8,13 +9,17 @@ import argparse
 import pytest
 
 from vllm_omni.bench import cli
-from vllm_omni.bench.common import cpu_threads, nonnegative_int, positive_int
+from vllm_omni.bench.common import cpu_threads, nonnegative_int, positive_int, positive_number
 from vllm_omni.results import provenance
 
 USABLE = provenance.usable_cpus()
 VALIDATORS = {positive_int: ("0", "must be at least 1, got 0"),
               nonnegative_int: ("-1", "must be at least 0, got -1"),
-              cpu_threads: (str(USABLE + 1), f"more than the {USABLE} CPUs this process may run on")}
+              cpu_threads: (str(USABLE + 1), f"more than the {USABLE} CPUs this process may run on"),
+              positive_number: ("0", "must be a finite number above 0, got 0")}
+NOT_A_NUMBER = {positive_number: "expected a number, got 'two'"}  # the others: "expected a whole number"
+# float flags checked after parsing, each with its own message (tests/test_compare.py, tests/test_projection.py)
+CHECKED_LATER = {("compare", "--tolerance"), ("project", "--bandwidth-gbs"), ("project", "--host-ms")}
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
@@ -32,6 +37,11 @@ def _numeric_flags():
 def test_no_numeric_flag_takes_a_bare_int():
     bare = [f"{command} {action.option_strings[0]}" for command, action in _numeric_flags() if action.type is int]
     assert not bare, f"use positive_int, nonnegative_int or cpu_threads from bench.common: {bare}"
+
+
+def test_every_bare_float_flag_is_checked_after_parsing():
+    bare = {(command, action.option_strings[0]) for command, action in _numeric_flags() if action.type is float}
+    assert bare == CHECKED_LATER
 
 
 def test_the_threads_flags_are_bounded_by_the_cpus():
@@ -52,12 +62,16 @@ def test_a_bad_value_is_refused_before_anything_runs(command, flag, tmp_path, ca
     assert f"argument {flag}" in err and message in err
     with pytest.raises(SystemExit):
         cli.main([command, flag, *["two"] * values, "--output", str(tmp_path)])
-    assert "expected a whole number, got 'two'" in capsys.readouterr().err
+    assert NOT_A_NUMBER.get(action.type, "expected a whole number, got 'two'") in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
 
 
 def test_validators_accept_their_bounds():
     assert positive_int("1") == 1 and nonnegative_int("0") == 0 and cpu_threads(str(USABLE)) == USABLE
+    assert positive_number("0.5") == 0.5
+    for bad in ("inf", "nan", "-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            positive_number(bad)
 
 
 def test_thread_counts_are_bounded_by_the_cpus(tmp_path, capsys):

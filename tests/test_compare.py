@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import copy
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -321,6 +322,16 @@ def test_measured_page_reruns_into_a_scratch_folder_then_compares():
     assert 'export VLLM_OMNI_RESULTS_DIR="$(mktemp -d)"' in text
     assert 'vllm-omni-bench compare "$VLLM_OMNI_RESULTS_DIR/bench/kernel.json" bench/kernel' in text
     assert "within ±15 % (default for measured artifacts)" in text
+
+
+@pytest.mark.parametrize("art_id", ["environment/amd-epyc-2c", "environment/amd-epyc-f25m17-2c",
+                                    "environment/amd-epyc-zen1-2c"])
+def test_an_env_rerun_writes_the_file_its_compare_reads(art_id):
+    """env names its file after the host (and its naming once left out the CPU family), so the
+    rerun pins the artifact's own name, once."""
+    command = shlex.split(site.rerun_command(PUBLISHED[art_id]))
+    assert command[:2] == ["vllm-omni-bench", "env"] and command.count("--name") == 1
+    assert command[command.index("--name") + 1] == art_id.split("/")[1]
 
 
 def test_computed_page_uses_the_recorded_command():

@@ -103,6 +103,7 @@ def test_bad_input_raises_valueerror_with_choices(call, message):
         (["--weights", "q4"], "valid: fp32, bf16, int8, int4, all"),
         (["--model", "9B"], "valid: 0.6B, 1.7B"),
         (["--host-ms", "3"], "goes with --bandwidth-gbs"),
+        (["--bandwidth-gbs", "68", "--host-ms", "-3"], "host work must be zero or more ms"),
     ],
 )
 def test_cli_reports_bad_input_on_one_line(argv, message, capsys, tmp_path):

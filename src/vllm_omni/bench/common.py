@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import math
 import re
 import statistics
 import sys
@@ -42,6 +43,17 @@ def positive_int(text: str) -> int:
 def nonnegative_int(text: str) -> int:
     """An argparse type for seeds and positions: a whole number >= 0."""
     return _whole_number(text, 0)
+
+
+def positive_number(text: str) -> float:
+    """An argparse type for a duration or a size that may be fractional: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value
 
 
 def cpu_threads(text: str) -> int:

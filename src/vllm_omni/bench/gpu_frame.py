@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from vllm_omni import mps
-from vllm_omni.bench.common import BenchError, add_output, nonnegative_int, positive_int
+from vllm_omni.bench.common import BenchError, add_output, nonnegative_int, positive_int, positive_number
 from vllm_omni.bench.talker import QUICK_LAYERS, add_model_args, id_suffix
 from vllm_omni.models import get_model
 
@@ -160,7 +160,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--frames", type=positive_int, default=None, help="timed frames per mode (default 200; --quick 5)")
     p.add_argument("--warmup", type=nonnegative_int, default=None, help="untimed frames first (default 20; --quick 2)")
     p.add_argument("--greedy-residuals", action="store_true", help="argmax for c1..c15 instead of Gumbel top-50")
-    p.add_argument("--child-timeout", type=float, default=180.0, help="seconds one child may take (default 180)")
+    p.add_argument("--child-timeout", type=positive_number, default=180.0, help="seconds one child may take (default 180)")
     p.add_argument("--quick", action="store_true",
                    help="shallow talker, two caps, few frames: for doctests, not figures")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights")

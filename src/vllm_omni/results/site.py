@@ -135,10 +135,16 @@ def artifact_page(art: Artifact, cited_by: Iterable[tuple[str, str]]) -> str:
 SCRATCH_ENV = "VLLM_OMNI_RESULTS_DIR"
 
 
+# Subcommands whose default artifact name comes from the host they run on (``env``: the CPU and
+# its core count). Their rerun is given the artifact's own name, so that the compare after it
+# finds the file on any machine and for artifacts written before the naming rule changed.
+NAMED_BY_HOST = ("env",)
+
+
 def rerun_command(art: Artifact) -> str | None:
     """The command that regenerates ``art``, as a reader types it: from the recorded argv when
-    there is one (the console script by name, any ``--output`` dropped), else the recorded
-    command; None for transcribed artifacts."""
+    there is one (the console script by name, any ``--output`` dropped, ``--name`` added for a
+    host-named subcommand), else the recorded command; None for transcribed artifacts."""
     prov = art.provenance
     argv = prov.get("argv")
     if argv:
@@ -157,6 +163,9 @@ def rerun_command(art: Artifact) -> str | None:
             if w.startswith("--output="):
                 continue
             out.append(w)
+        named = any(w == "--name" or w.startswith("--name=") for w in out)
+        if len(out) > 1 and out[1] in NAMED_BY_HOST and not named:
+            out += ["--name", art.id.rsplit("/", 1)[1]]
         return shlex.join(out)
     return prov["command"]
 
