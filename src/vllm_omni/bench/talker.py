@@ -79,7 +79,8 @@ def build_predictor(args: argparse.Namespace, threads: int) -> Any:
 
 
 def id_suffix(args: argparse.Namespace) -> str:
-    """Artifact-id tail: the model when it is not 0.6B, and ``-quick`` for quick runs."""
+    """Artifact-id tail: the model when it is not 0.6B, ``-kv<cache>`` when ``--kv-cache`` is
+    given, and ``-quick`` for quick runs."""
     model = "" if args.model == "0.6B" else f"-{args.model.lower()}"
     kv = f"-kv{args.kv_cache}" if getattr(args, "kv_cache", None) else ""
     return model + kv + ("-quick" if args.quick else "")

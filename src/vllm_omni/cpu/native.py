@@ -1,13 +1,15 @@
 """Build and load the native CPU kernels (``csrc/vo_kernels.cpp``) with ctypes.
 
 The library is compiled just in time, on first use, with the machine's C++ compiler
-(``$CXX`` or ``g++``) and ``-O3 -march=native -fopenmp``, so it always matches the host's
-instruction set (AVX-512 VNNI, AVX2 or plain C, chosen by preprocessor macros). The result is
-cached in a folder keyed by a hash of the sources, the flags, the compiler version and the
-CPU's feature flags:
+(``$CXX`` or ``g++``) and ``-O3 -fopenmp``; the ``"native"`` build adds ``-march=native``, so
+that it matches the host's instruction set (AVX-512 VNNI, AVX2 or plain C, chosen by
+preprocessor macros). The result is cached as ``libvo_kernels-<variant>-<key>.so``, the key a
+hash of the sources, the flags, the compiler version and (for ``-march=native``) the CPU's
+feature flags, in:
 
 - ``$VLLM_OMNI_NATIVE_DIR`` when set, else ``$XDG_CACHE_HOME/vllm_omni/native``
-  (``~/.cache/vllm_omni/native``).
+  (``~/.cache/vllm_omni/native``);
+- where that folder cannot be written, a per-user folder under the system's temporary one.
 
 A file lock serialises concurrent builds (pytest-xdist workers, several processes). No torch
 headers are used, so a build takes a few seconds. Tensors are passed as raw pointers

@@ -3,8 +3,9 @@
 ``FusedPredictor(weights, fmt)`` packs the predictor's weights once (merged QKV, merged
 gate/up, ``fmt`` = fp32, int8 or int4, see ``vllm_omni.cpu.quant``), preallocates a static
 16-slot KV cache and every buffer, and runs a whole frame -- 2-token prefill, 14 one-token
-passes, 15 heads, sampling (greedy or top-k Gumbel-max from caller-provided uniforms) and the
-embedding sum -- inside one OpenMP parallel region of ``csrc/vo_kernels.cpp``.
+passes, 15 heads, sampling (greedy, or top-k Gumbel-max from caller-provided uniforms or from
+the counter-based uniforms of a noise key, evaluated in the kernel for the top-k ids only) and
+the embedding sum -- inside one OpenMP parallel region of ``csrc/vo_kernels.cpp``.
 
 Semantics are those of ``vllm_omni.cpu.reference.ReferencePredictor``; the tests compare the
 two. ``NativeStack`` (the packed decoder stack with its cache) is shared with the fused talker.

@@ -11,7 +11,9 @@
 // instructions (AVX-512 VNNI, AVX2 maddubs, or plain C).
 //
 // All memory (weights, caches, workspace, outputs) is owned by the caller; this file only
-// reads and writes through the pointers it is given. Built with -O3 -march=native -fopenmp.
+// reads and writes through the pointers it is given. Built with -O3 -fopenmp and -march=native
+// (variant "native"), -mavx2 -mfma -mf16c ("avx2") or -march=x86-64 ("generic"); see
+// vllm_omni.cpu.native.
 
 #include <algorithm>
 #include <atomic>
@@ -93,7 +95,7 @@ struct VoStack {
     const float* final_norm;
     const float* rope_cos;  // [max_pos, head_dim/2]
     const float* rope_sin;
-    void* ws;               // workspace, vo_workspace_bytes(stack, vocab) bytes, 64-byte aligned; its
+    void* ws;               // workspace, vo_workspace_bytes(stack, extra_len) bytes, 64-byte aligned; its
     int64_t ws_bytes;       // size depends on the thread count (each thread's activations)
 };
 
@@ -187,8 +189,9 @@ inline void kv_axpy(float* o, float p, const void* cache, int64_t off, int hd, b
 // ---------------------------------------------------------------------------------------------
 // Quantised activation: int8 values in blocks of 32, one scale per block. gcorr holds two words
 // per block: -8 times the block's sum (the offset of unsigned int4 nibbles, per group), and 17
-// times that (where a dot of whole int4 bytes starts, see q4_tile); int8 tiles start from 16
-// times the first (-128 times the sum: their bytes are q + 128, see q8_tile).
+// times that (where a dot of whole int4 bytes starts, see q4_tile); the AVX-512 build's int8
+// tiles start from 16 times the first (-128 times the sum: their bytes are q + 128, see
+// q8_tile), while the AVX2 and plain-C int8 tiles turn the bytes back into q and do not use it.
 
 struct Act {
     const float* f;      // fp32 values (fp32 path)
@@ -694,9 +697,10 @@ inline void tile_dot(const VoMat& m, int64_t r0, int nr, const Act& a, float* ou
     }
 }
 
-// tile_dot for the N tiles (int8, int4: N <= 2) or rows (fp32) at r[0..N) into v[0..N), read
-// side by side (q4_tile2, q8_tile2, dot_f32_rows) where the build reads the format in several
-// streams, one after the other elsewhere; every row's result is tile_dot's.
+// tile_dot for the N tiles (int8: N <= 2; int4: N <= 2 or Q4_STREAMS) or rows (fp32) at r[0..N)
+// into v[0..N), read side by side (q4_tile2, q4_tiles, q8_tile2, dot_f32_rows) where the build
+// reads the format in several streams, one after the other elsewhere; every row's result is
+// tile_dot's.
 template <int FMT, int N>
 inline void tiles_dot(const VoMat& m, const int64_t* r, const Act& a, float (*v)[TILE_ROWS<FMT>]) {
     static_assert(FMT == FMT_F32 || N <= 2 || (FMT == FMT_I4 && N == Q4_STREAMS),
@@ -755,7 +759,7 @@ struct Work {
     int64_t maxin;
     int64_t xn_stride;
     int64_t qkv_stride;
-    float* extra;   // [extra_len] scratch for callers (projection input, etc.)
+    float* extra;   // [extra_len] caller scratch (a predictor frame: logits [V], sampling [2V])
     int64_t extra_len;
 };
 
@@ -933,12 +937,12 @@ inline void for_gemv_rows(int64_t rows, F&& f) {
 
 // fn(r) over groups of N tiles of TILE rows, r[0..N) their first rows, and f1(r0) over tiles left
 // over, for rows a multiple of TILE: each thread takes a contiguous share of the tiles, as
-// for_tiles does, cuts it into N parts of equal length (the last one shorter) and walks them
-// side by side, the first tile of each part, then the second of each, ...; a barrier ends the
-// loop. With the tiles of a group read a little of each in turn (q4_tile2), a core reads N
-// streams at once, as the read probe may: on the development host (Zen 4) two made the int4
-// pass about 3 % faster at 1 thread and up to 5 % at 2, where pairs of adjacent tiles made it
-// a fifth slower, and four (q4_tiles) 3 to 5 % faster again at 1 thread
+// for_tiles does, cuts it into N parts of ceil(n / N) tiles (the last ones shorter or empty)
+// and walks them side by side, the first tile of each part, then the second of each, ...; a
+// barrier ends the loop. With the tiles of a group read a little of each in turn (q4_tile2), a
+// core reads N streams at once, as the read probe may: on the development host (Zen 4) two made
+// the int4 pass about 3 % faster at 1 thread and up to 5 % at 2, where pairs of adjacent tiles
+// made it a fifth slower, and four (q4_tiles) 3 to 5 % faster again at 1 thread
 // (docs/analysis/cpu-kernels.md).
 template <int TILE, int N, class FN, class F1>
 inline void for_tile_streams(int64_t rows, FN&& fn, F1&& f1) {
@@ -1005,10 +1009,10 @@ inline void gemv(int fmt, const VoMat& m, Work& W, int T, float* out, int64_t ou
 
 // h[t, r] = silu(gate_r . a_t) * (up_r . a_t) for r in [0, I). A gate tile (or fp32 row) and
 // its up tile are read side by side where the build reads the format in several streams
-// (tiles_dot): two streams, as for_tile_streams walks other matrices. Where int4 is read as four
-// streams, each thread's gate tiles are walked in two parts side by side (for_tile_streams), and
-// a gate tile of each part is read with its up tile: four streams, a tile left over at the end
-// of a share as a pair.
+// (tiles_dot): two streams (the AVX2-only build reads other fp32 matrices four rows at a time).
+// Where int4 is read as four streams, each thread's gate tiles are walked in two parts side by
+// side (for_tile_streams), and a gate tile of each part is read with its up tile: four streams,
+// a tile left over at the end of a share as a pair.
 inline void gemv_swiglu(int fmt, const VoMat& m, int64_t I, Work& W, int T, float* out, int64_t out_stride) {
     const Act* act = own_act(W);
     with_fmt(fmt, [&](auto F) {
@@ -1324,7 +1328,9 @@ int32_t vo_isa() {
 #endif
 }
 
-// Bytes of workspace needed for this stack; extra_len floats of caller scratch (>= vocab*2).
+// Bytes of workspace needed for this stack at its thread count, with extra_len floats of caller
+// scratch: 0 for vo_stack_forward and vo_talker_step, max(3 V, Ht) for vo_predictor_frame (logits
+// [V], then sampling scratch [2V]). With fewer bytes the entry points return -4.
 int64_t vo_workspace_bytes(const VoStack* st, int64_t extra_len) { return workspace_bytes(*st, extra_len); }
 
 // Run the stack on T tokens x[T, H] at positions pos0.., leaving the final-normed hidden
