@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_omni.results import load_file, site
+from vllm_omni.results import load_all, load_file, site
 from vllm_omni.results.directives import DirectiveError, find, substitute
 
 GOOD = load_file(Path(__file__).parent / "fixtures" / "good" / "good.json")
@@ -79,6 +79,12 @@ def test_code_is_left_alone():
 def test_sybil_directives_pass_through():
     text = '<!-- skip: next if(not HAS_CUDA, reason="needs a CUDA GPU") -->'
     assert render(text) == text
+
+
+def test_artifact_page_counts_the_cpu_flags():
+    art = load_all()["environment/amd-epyc-f25m17-2c"]
+    flags = art.provenance["host"]["cpu_flags"].split()
+    assert f"| host.cpu_flags | {len(flags)} flags (see raw JSON) |" in site.artifact_page(art, [])
 
 
 def test_artifact_page_lists_provenance_and_citers():

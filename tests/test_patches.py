@@ -168,6 +168,27 @@ def test_apply_all_logs_refusal_and_applies_the_rest(patches, monkeypatch, caplo
     assert "patch 'kv_budget' refused" in caplog.text
 
 
+def test_apply_all_of_no_patch_applies_none(patches):
+    assert patches.apply_all([]) == {}
+    assert not any(patches.get(name).applied for name in patches.PATCHES)
+
+
+def test_an_unexpected_error_in_a_check_refuses_that_patch_only(patches, monkeypatch, caplog):
+    """A vLLM whose internals moved may make a check raise something other than PatchRefused;
+    the patch is refused and logged, nothing of it is set, and the others still apply."""
+    patch = patches.get("core_binding")
+
+    def broken(originals):
+        raise ImportError("No module named 'vllm.utils.cpu_resource_utils'")
+
+    monkeypatch.setattr(patch, "check", broken)
+    with caplog.at_level("WARNING", logger="vllm_omni.patches"):
+        report = patches.apply_all()
+    assert report["core_binding"] == "refused: ImportError: No module named 'vllm.utils.cpu_resource_utils'"
+    assert not patch.applied and report["threads"] == "applied"
+    assert "'core_binding' not applied: ImportError" in caplog.text
+
+
 # --- before / after against real vLLM -------------------------------------------------------------
 
 def test_kv_budget_before_and_after(patches, monkeypatch, caplog):

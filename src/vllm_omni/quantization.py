@@ -36,8 +36,8 @@ implementation, so a compiled model sees one call), which picks:
   NaN, inf, or outside :data:`ACT_RANGE` (``[2**-100, 2**100]``) to the fallback, which
   behaves like a matmul there (NaN and inf propagate, tiny rows keep their values);
 - **a fallback** where the native GEMV does not serve the call: calls with more than
-  ``NATIVE_MAX_ROWS`` rows (prefill chunks), layers whose input size is not a multiple of 64, activations
-  out of the kernel's range (above), and every call when the native library cannot be built
+  ``NATIVE_MAX_ROWS`` rows (prefill chunks), activations out of the kernel's range (above), and
+  every call when the native library cannot be built
   here (no C++ compiler) or fails a one-product self-test when it is loaded. The fallback
   dequantizes the packed weights and runs a float ``linear``, for either format. It uses
   float activations.

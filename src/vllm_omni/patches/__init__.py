@@ -1,12 +1,13 @@
 """The CPU patches, applied through vLLM's own extension points.
 
-Each patch replaces one vLLM method at plugin time (see :mod:`vllm_omni.plugin`), checks
+Each patch replaces one or more vLLM methods at plugin time (see :mod:`vllm_omni.plugin`), checks
 first that the behaviour it fixes is present, applies atomically, logs what it did, can be
 reverted, and refuses with a message and nothing changed when its target is missing or
 different:
 
 - ``kv_budget``: an explicit ``kv_cache_memory_bytes`` wins over ``VLLM_CPU_KVCACHE_SPACE``;
-- ``core_binding``: engines tagged with a stage bind their workers to disjoint cores;
+- ``core_binding``: engines tagged with a stage bind their workers (in-process: the thread
+  that builds the engine) to disjoint cores;
 - ``threads``: ``torch.set_num_threads`` keeps working when a CPU worker shares the process.
 
 Importing this package imports neither torch nor vllm; applying a patch does.
@@ -36,16 +37,21 @@ def get(name: str) -> Patch:
 
 
 def apply_all(names: list[str] | tuple[str, ...] | None = None) -> dict[str, str]:
-    """Apply the named patches (default: all). Returns ``{name: "applied" | "already applied" |
-    "refused: <reason>"}``; a refusal is logged as a warning and never raised."""
+    """Apply the named patches (None: all; an empty list: none). Returns ``{name: "applied" |
+    "already applied" | "refused: <reason>"}``; a refusal is logged as a warning and never
+    raised, and so is an unexpected error while a patch checks the vLLM it finds (a patch sets
+    nothing until its checks pass, so none is left half applied)."""
     out: dict[str, str] = {}
-    for name in names or tuple(PATCHES):
+    for name in tuple(PATCHES) if names is None else names:
         patch = get(name)
         try:
             out[name] = "applied" if patch.apply() else "already applied"
         except PatchRefused as exc:
             logger.warning("%s", exc)
             out[name] = f"refused: {exc.reason}"
+        except Exception as exc:  # noqa: BLE001 - vLLM calls the plugin without a try
+            logger.warning("vllm_omni patch %r not applied: %s: %s", name, type(exc).__name__, exc)
+            out[name] = f"refused: {type(exc).__name__}: {exc}"
     return out
 
 

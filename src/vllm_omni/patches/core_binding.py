@@ -18,8 +18,8 @@ stage's share of the cores vLLM would have used:
   is a CPU profile that fits on the cores this process may use,
 - otherwise an even split between the stages (the first stage gets the odd core).
 
-Engines without a stage, and engines whose ``VLLM_CPU_OMP_THREADS_BIND`` is set to
-anything but ``auto``, keep vLLM's behaviour.
+Engines without a ``vllm_omni`` block (neither a stage nor ``cpu_cores``), and engines whose
+``VLLM_CPU_OMP_THREADS_BIND`` is set to anything but ``auto``, keep vLLM's behaviour.
 
 In-process engines (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the ``uni`` executor) are never
 bound by vLLM: ``UniProcExecutor`` builds its worker in the calling thread and runs every step
@@ -43,7 +43,7 @@ What it cannot do: re-bind a team that already exists. A thread that ran a multi
 parallel region before it was bound (typically the main thread after some torch work)
 keeps worker threads on its old cores; only the thread itself moves. And two stages driven
 from one thread share that thread's single team, so they cannot be separated at all; the
-patch then leaves the second engine unbound and says so. :func:`stage_thread` gives each
+patch then leaves the second engine on the first stage's cores and says so. :func:`stage_thread` gives each
 stage a fresh thread that is bound before it runs anything: build and drive the stage's
 engine (or any other stage work, such as a vocoder) through it.
 """

@@ -15,10 +15,10 @@ things break:
   spinning in OpenMP barriers.
 
 What the patch does: it wraps ``init_device``; when the worker shares its process (any
-executor but vLLM's multiprocess one), the real ``torch.set_num_threads`` is put back right
-after vLLM replaced it, so vLLM's later call to set one thread takes effect and the host
-application keeps control of its threads. In vLLM's own worker processes (``mp``) vLLM's
-guard is left in place.
+executor but ``mp`` and ``ray``, which run each worker in a process of its own), the real
+``torch.set_num_threads`` is put back right after vLLM replaced it, so vLLM's later call to set
+one thread takes effect and the host application keeps control of its threads. In those
+workers' own processes vLLM's guard is left in place.
 """
 
 from __future__ import annotations

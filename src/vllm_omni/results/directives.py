@@ -9,7 +9,7 @@ wrong number (and the build checks that none survive):
   [rows="<key>,#N"] [title=".."] [ylabel=".."] [logy=yes] [ref=80] [ymax=100] -->`` on a
   line of its own: the same figures drawn as an inline SVG (``vllm_omni.results.charts``),
   with the same caption.
-* ``<!-- value: <id> row="<first-column value or index>" col="<column>" [fmt=".1f"] [unit=no] -->``
+* ``<!-- value: <id> row="<first-column value or #index>" col="<column>" [fmt=".1f"] [unit=no] -->``
   anywhere in prose: one figure, linked to the artifact's page.
 
 Any other ``<!-- name: ... -->`` comment whose name is not a known directive (ours or

@@ -2,7 +2,7 @@
 
 An artifact is one JSON file per table-sized result under ``results/<area>/<name>.json``.
 Validation is hand-written so that every error names the file and the dotted field
-(``results/x/y.json: provenance.host.cpu: expected a string or null, got 3``), and so that
+(``results/x/y.json: provenance.host.cpu: expected a non-empty string or null, got int 3``), and so that
 importing it costs nothing.
 """
 

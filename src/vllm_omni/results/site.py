@@ -92,7 +92,7 @@ def artifact_page(art: Artifact, cited_by: Iterable[tuple[str, str]]) -> str:
         lines.append(f"| {key} | {_prov_value(prov[key])} |")
     for key, value in prov["host"].items():
         if key == "cpu_flags":
-            value = f"{len(value)} flags (see raw JSON)" if value else value
+            value = f"{len(value.split())} flags (see raw JSON)" if value else value  # space-separated
         lines.append(f"| host.{key} | {_prov_value(value)} |")
     for key, value in prov["builds"].items():
         lines.append(f"| builds.{key} | {_prov_value(value)} |")

@@ -3,7 +3,9 @@
 In-process settings used throughout: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (no EngineCore or
 worker subprocess), ``OMP_NUM_THREADS`` set before the engine starts, ``enforce_eager``, an
 explicit ``kv_cache_memory_bytes`` (the CPU worker's free-memory check is then skipped) and
-``HF_HUB_OFFLINE=1``. :func:`in_process_env` sets these *before* vllm is imported.
+``HF_HUB_OFFLINE=1``. :func:`in_process_env` sets the environment variables (``OMP_NUM_THREADS``
+only where it is unset) *before* vllm is imported; :func:`make_llm` passes ``enforce_eager`` and
+``kv_cache_memory_bytes``.
 """
 
 from __future__ import annotations
