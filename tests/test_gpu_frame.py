@@ -273,6 +273,16 @@ def test_run_starts_one_child_per_cap_inside_one_daemon(monkeypatch, tmp_path):
     assert art.compare["key_columns"] == ["setting", "mode"]
 
 
+def test_name_picks_the_file_of_a_second_run_on_the_same_gpu(monkeypatch, tmp_path):
+    """--name keeps a rerun beside the committed artifact (a quick run's name ends in -quick)."""
+    monkeypatch.setattr(gpu_frame, "run_child",
+                        lambda config, env, t, what: FAKE_PROBE if config.get("probe") else fake_result(None))
+    assert gpu_frame.run(args_for(["--no-mps", "--quick", "--name", "h200-rerun", "--output", str(tmp_path)])) == 0
+    assert [p.name for p in (tmp_path / "device-simulation").iterdir()] == ["h200-rerun-quick.json"]
+    art = load_file(tmp_path / "device-simulation" / "h200-rerun-quick.json")
+    assert art.id == "device-simulation/h200-rerun-quick" and [r[0] for r in art.rows] == ["no MPS"] * 2
+
+
 def test_run_refuses_a_child_that_did_not_get_its_cap(monkeypatch, tmp_path):
     monkeypatch.setattr(gpu_frame, "run_child",
                         lambda config, env, t, what: FAKE_PROBE if config.get("probe") else fake_result(None))

@@ -109,6 +109,20 @@ def add_name(parser: argparse.ArgumentParser, folder: str, default: str) -> None
                         help=f"artifact name under results/{folder}/ (default: {default})")
 
 
+def named_id(args: argparse.Namespace, artifact_id: str) -> str:
+    """``artifact_id`` with its last part replaced by ``--name`` when one was given (add_name),
+    then ``-quick`` for a quick run, so that a quick run never takes a full run's file."""
+    name = getattr(args, "name", None)
+    if not name:
+        return artifact_id
+    return f"{artifact_id.rsplit('/', 1)[0]}/{name}{'-quick' if getattr(args, 'quick', False) else ''}"
+
+
+def gpu_slug(device: str) -> str:
+    """``"NVIDIA H200"`` -> ``"nvidia-h200"``: the GPU named in a GPU bench's artifact id."""
+    return re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "gpu"
+
+
 def add_suffix(parser: argparse.ArgumentParser, what: str) -> None:
     """--suffix: a tag put after the name of every artifact a bench writes (for a bench that writes
     several, where one --name cannot pick them all), e.g. the host's. Checked as --name is."""
@@ -232,12 +246,9 @@ def write_measured(
 
     ``--name`` (add_name), when given, replaces the last part of ``artifact_id`` (then
     ``-quick`` for a quick run)."""
-    name = getattr(args, "name", None)
-    if name:
-        artifact_id = f"{artifact_id.rsplit('/', 1)[0]}/{name}{'-quick' if getattr(args, 'quick', False) else ''}"
     data: dict[str, Any] = {
         "schema": 1,
-        "id": artifact_id,
+        "id": named_id(args, artifact_id),
         "title": title,
         "origin": "measured",
         "provenance": provenance.capture(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from vllm_omni import mps
-from vllm_omni.bench.common import BenchError, add_output, nonnegative_int, positive_int, positive_number
+from vllm_omni.bench.common import (
+    BenchError, add_name, add_output, gpu_slug, named_id, nonnegative_int, positive_int, positive_number,
+)
 from vllm_omni.bench.talker import QUICK_LAYERS, add_model_args, id_suffix
 from vllm_omni.models import get_model
 
@@ -139,11 +140,6 @@ COLUMNS = [
 ]
 
 
-def gpu_slug(device: str) -> str:
-    """``"NVIDIA H200"`` -> ``"nvidia-h200"``: the GPU named in the artifact id."""
-    return re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "gpu"
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "gpu-frame",
@@ -164,6 +160,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true",
                    help="shallow talker, two caps, few frames: for doctests, not figures")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights")
+    add_name(p, "device-simulation", "gpu-frame-<gpu>[-<model>][-no-mps]")
     add_output(p)
     p.set_defaults(func=run)
 
@@ -242,7 +239,7 @@ def _write(args: argparse.Namespace, config: dict[str, Any], info: dict[str, Any
     )
     data = {
         "schema": 1,
-        "id": f"device-simulation/gpu-frame-{gpu_slug(info['device'])}{suffix}",
+        "id": named_id(args, f"device-simulation/gpu-frame-{gpu_slug(info['device'])}{suffix}"),
         "title": f"The model's GPU work per frame under SM caps ({info['device']}, {args.model}, bf16, static KV)",
         "origin": "measured",
         "provenance": prov,

@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 from vllm_omni.bench.common import (
-    BenchError, add_output, cpu_threads, median, positive_int, require_vllm_plugin, write_measured,
+    BenchError, add_name, add_output, cpu_threads, median, positive_int, require_vllm_plugin, write_measured,
 )
 from vllm_omni.results import provenance
 
@@ -72,6 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="1 round, 1 request, 8 tokens, 10 ops: for doctests")
     p.add_argument("--model-dir", type=Path, default=None,
                    help="where to build the tiny model (default: a temporary folder, removed afterwards)")
+    add_name(p, "vllm", "inprocess-threads")
     add_output(p)
     p.set_defaults(func=run, core_clock=True)  # a timed CPU run: its artifact records the core clock
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from vllm_omni.bench.common import (
-    BenchError, add_output, nonnegative_int, positive_int, require_vllm_plugin, write_measured,
+    BenchError, add_name, add_output, nonnegative_int, positive_int, require_vllm_plugin, write_measured,
 )
 from vllm_omni.results import provenance
 
@@ -39,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokens", type=positive_int, default=8, help="greedy tokens each engine generates (default 8)")
     p.add_argument("--model-dir", type=Path, default=None,
                    help="where to build the tiny model (default: a temporary folder, removed afterwards)")
+    add_name(p, "vllm", "two-engines")
     add_output(p)
     p.set_defaults(func=run, core_clock=True)  # a timed CPU run: its artifact records the core clock
 
