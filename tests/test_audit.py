@@ -1,5 +1,5 @@
-"""The claims audit: the verdict rule, key recomputations, and the committed artifacts are
-exactly what `vllm-omni-bench audit` writes today."""
+"""The claims audit: the verdict rule, key recomputations, and the subcommand that writes it
+(whether the committed artifacts are what it writes today: tests/test_computed_artifacts.py)."""
 
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ def test_paraphrases_do_not_quote_the_study():
             assert not quoted, (r["claim"], field, quoted[0])
 
 
-# --- the committed files are fresh -------------------------------------------------------------------
+# --- the subcommand -----------------------------------------------------------------------------------
 
 def test_audit_is_a_registered_subcommand():
     assert "audit" in cli.SUBCOMMAND_MODULES

@@ -1,4 +1,5 @@
-"""The read-bandwidth probe: correctness only (a positive figure, an artifact that validates)."""
+"""The read-bandwidth probe, its huge-page buffers, and ``env``'s host name and the GPU it
+reports: correctness only (a positive figure, an artifact that validates)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 The sweeps exist to time the row dots; what is checked here is that they compute the same
 GEMVs as ``vo_linear`` (bit for bit: the same row dots, and a row's result does not depend on
-the tile or thread it falls to), that the plain-read sweeps read every byte the GEMVs read once
+the tile or thread it falls to; each matrix swept alone, then the output a sweep of both
+leaves, the last one's), that the plain-read sweeps read every byte the GEMVs read once
 per sweep (a checksum of the words read), that bad shapes are refused, and that the benchmark
 writes a valid artifact. Speeds are the artifact's business, not the tests'.
 """
@@ -48,9 +49,12 @@ def test_sweeps_compute_the_same_gemv_as_vo_linear(fmt, threads):
     # the last matrix is narrower than x (17 pairs of int4 groups): it takes the first 1088 inputs
     mats = [quantize(torch.randn(rows, cols, generator=g), fmt) for rows, cols in ((160, 3072), (224, 1088))]
     x = torch.randn(3072, generator=g) * 0.5
+    for m in mats:
+        rc, y, _ = _sweep_output(fmt, [m], x, threads)
+        assert rc == 0 and torch.equal(y, _linear(fmt, m, x))
     rc, y, secs = _sweep_output(fmt, mats, x, threads)
     assert rc == 0
-    assert torch.equal(y[: mats[-1].rows], _linear(fmt, mats[-1], x))
+    assert torch.equal(y[: mats[-1].rows], _linear(fmt, mats[-1], x))  # y holds the last matrix's output
     assert all(s > 0 for s in secs)
 
 
@@ -64,8 +68,10 @@ def test_sweeps_refuse_bad_shapes():
     secs = (ctypes.c_double * 1)()
     lib = native.load()
     assert lib.vo_gemv_sweeps(native.FMT_CODES["int4"], ctypes.byref(odd), 1, x.data_ptr(), 1024, y.data_ptr(), 1, 1, secs) == -1
-    assert lib.vo_gemv_sweeps(7, ctypes.byref(odd), 1, x.data_ptr(), 1024, y.data_ptr(), 1, 1, secs) == -1
-    assert lib.vo_gemv_sweeps(native.FMT_CODES["int4"], ctypes.byref(odd), 1, x.data_ptr(), 1024, y.data_ptr(), 0, 1, secs) == -1
+    good = native.VoMat(wide.data.data_ptr(), None, 64, 1024)  # a shape the sweeps take: one fault per call below
+    assert lib.vo_gemv_sweeps(native.FMT_CODES["int4"], ctypes.byref(good), 1, x.data_ptr(), 1024, y.data_ptr(), 1, 1, secs) == 0
+    assert lib.vo_gemv_sweeps(7, ctypes.byref(good), 1, x.data_ptr(), 1024, y.data_ptr(), 1, 1, secs) == -1  # no format 7
+    assert lib.vo_gemv_sweeps(native.FMT_CODES["int4"], ctypes.byref(good), 1, x.data_ptr(), 1024, y.data_ptr(), 0, 1, secs) == -1
     short_tile = native.VoMat(wide.data.data_ptr(), None, 40, 1024)  # int4 rows come in tiles of 32
     assert lib.vo_gemv_sweeps(native.FMT_CODES["int4"], ctypes.byref(short_tile), 1, x.data_ptr(), 1024, y.data_ptr(), 1, 1, secs) == -1
 

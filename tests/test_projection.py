@@ -1,5 +1,6 @@
-"""The projection reproduces the study's §4 table from its own inputs, and the committed
-computed artifacts are exactly what the command in their provenance produces today."""
+"""The projection reproduces the study's §4 table from its own inputs, and its computed
+artifacts are committed (whether they are what their command writes today:
+tests/test_computed_artifacts.py)."""
 
 from __future__ import annotations
 

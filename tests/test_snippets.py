@@ -1,7 +1,8 @@
 """Every file in snippets/ runs on its own, whether or not a page includes it.
 
-A first-line comment ``# requires: HAS_CUDA`` (any flag of vllm_omni.capabilities) skips a
-file on machines without that capability, with the flag as the reason.
+A comment ``# requires: HAS_CUDA`` in a file's first three lines (any flags of
+vllm_omni.capabilities, comma-separated) skips it on machines without them, with the flags as
+the reason.
 """
 
 from __future__ import annotations

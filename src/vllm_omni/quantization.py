@@ -25,13 +25,12 @@ implementation, so a compiled model sees one call), which picks:
   predictor, the kernel quantizes each activation row to int8 in blocks of 32 (one scale per
   block, amax / 127) and uses integer dot products, so results differ from a float-activation
   matmul by that rounding (about 0.5 % relative on random data; the tests bound it).
-  The rounding cannot represent every row. Measured on the library's three instruction-set
-  paths: a NaN is lost (the block's amax skips it and it converts to the integer -127, so the
-  row's outputs stay finite), a block with an inf gives NaN (on the plain-C path an inf whose
-  sign ignores the input's), a row of fp32 values near 3e38 gives NaN where the float sum
-  overflows to inf, and a block whose amax is below about 3.7e-37 (where the reciprocal of
-  its scale overflows) has every value turned into -127 times that scale, flipping signs.
-  All-zero rows give exact zeros. So :func:`weight_only_linear` first takes the largest
+  The rounding cannot represent every row. A block holding a NaN gets a NaN scale, so that
+  row's outputs are NaN, as in a matmul; a block with an inf gives NaN (on the plain-C path
+  an inf whose sign ignores the input's); a row of fp32 values near 3e38 gives NaN where the
+  float sum overflows to inf; and a block whose scale would be subnormal (amax below about
+  1.5e-36) is flushed to zero, so a row of tiny values loses them. All-zero rows give exact
+  zeros. So :func:`weight_only_linear` first takes the largest
   ``|x|`` of each row (one reduction) and sends a call where some nonzero row's value is
   NaN, inf, or outside :data:`ACT_RANGE` (``[2**-100, 2**100]``) to the fallback, which
   behaves like a matmul there (NaN and inf propagate, tiny rows keep their values);
