@@ -49,7 +49,8 @@ def test_table_and_artifact_page_are_built(tmp_path):
 @pytest.mark.parametrize(
     "page, expected",
     [
-        ("# Home\n\n<!-- table: fixture/missing -->\n", ("docs/index.md", "fixture/missing")),
+        ("# Home\n\n<!-- table: fixture/missing -->\n",
+         ("docs/index.md:3: no artifact 'fixture/missing'", "in <!-- table: fixture/missing -->")),
         # a nested list by two spaces would come out flat: the line is named
         ("# Home\n\n- parent:\n  - child\n", ("docs/index.md:4", "indent nested lists by 4 spaces")),
         # a later paragraph by two spaces ends the list and runs the next item into it

@@ -51,6 +51,7 @@ class Directive:
     artifact_id: str
     options: dict[str, str] = field(default_factory=dict)
     text: str = ""
+    where: str = ""  # page:line, set by find()
 
 
 def parse(name: str, body: str, where: str) -> Directive:
@@ -135,7 +136,7 @@ def find(markdown: str, where: str) -> list[Directive]:
             if m.group(1) in FOREIGN or _in_code_span(line, m.start()):
                 continue
             d = parse(m.group(1), m.group(2), f"{where}:{i + 1}")
-            d.text = m.group(0)
+            d.text, d.where = m.group(0), f"{where}:{i + 1}"
             found.append(d)
     return found
 

@@ -57,7 +57,7 @@ def on_files(files: Files, config) -> Files:
         for d in found:
             if d.artifact_id not in artifacts:
                 raise PluginError(
-                    f"docs/{f.src_uri}: no artifact {d.artifact_id!r} (expected results/{d.artifact_id}.json)"
+                    f"{d.where}: no artifact {d.artifact_id!r} (expected results/{d.artifact_id}.json) in {d.text}"
                 )
             citations[d.artifact_id].add((f.src_uri, _page_title(text, f.src_uri)))
     _state["citations"] = citations
