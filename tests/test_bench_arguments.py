@@ -81,3 +81,16 @@ def test_thread_counts_are_bounded_by_the_cpus(tmp_path, capsys):
     assert cli.main(["predictor", "--quick", "--thread-counts", "1,0", "--output", str(tmp_path)]) == 2
     assert "must be at least 1, got 0" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--impl", "both", "--weights", "bf16"], "the fused predictor supports --weights fp32, int8, int4, not bf16; "
+                                              "--impl reference times the eager predictor alone"),
+    (["--impl", "reference", "--variant", "avx2"], "--variant picks a build of the fused kernels"),
+    (["--threads", "1", "--thread-counts", "1"], "give --threads or --thread-counts, not both"),
+])
+def test_predictor_refuses_options_it_would_ignore(argv, message, tmp_path, capsys):
+    """An option the run could not honour stops it, instead of a run named for what it did not do."""
+    assert cli.main(["predictor", "--quick", *argv, "--output", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

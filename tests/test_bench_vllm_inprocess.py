@@ -48,7 +48,7 @@ def test_quick_run_writes_a_consistent_artifact(tmp_path):
                           "--output", str(tmp_path), "--model-dir", str(tmp_path / "tiny")],
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    data = json.loads((tmp_path / "vllm" / "inprocess-threads.json").read_text())
+    data = json.loads((tmp_path / "vllm" / "inprocess-threads-quick.json").read_text())  # never the full run's file
     from vllm_omni.results.schema import validate
 
     validate(data)

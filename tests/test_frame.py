@@ -190,7 +190,8 @@ def test_talker_benchmark_quick_writes_artifact(tmp_path):
     argv = ["talker", "--quick", "--layers", "1", "--cache", "4", "--repeats", "2", "--threads", "1",
             "--impl", "reference", "--output", str(tmp_path)]
     assert main(argv) == 0
-    data = json.loads((tmp_path / "cpu-path" / "talker-reference-fp32-t1-quick.json").read_text())
+    # a shallow stack is named for its depth, so it never takes a full run's file
+    data = json.loads((tmp_path / "cpu-path" / "talker-reference-fp32-t1-l1-quick.json").read_text())
     layers, kv_first, kv_last, repeats = data["rows"][0][:4]
     assert (layers, kv_first, kv_last, repeats) == (1, 6, 7, 2)
 

@@ -293,6 +293,12 @@ def test_run_refuses_a_child_that_did_not_get_its_cap(monkeypatch, tmp_path):
     assert not (tmp_path / "device-simulation").exists()
 
 
+def test_caps_and_no_mps_together_are_refused_before_any_child(monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu_frame, "run_child", lambda *a: pytest.fail("no child may start"))
+    with pytest.raises(BenchError, match="give one of them"):
+        gpu_frame.run(args_for(["--no-mps", "--caps", "25", "--output", str(tmp_path)]))
+
+
 def test_caps_without_mps_tools_are_refused(monkeypatch, tmp_path):
     monkeypatch.setattr(gpu_frame, "run_child", lambda config, env, t, what: FAKE_PROBE)
     monkeypatch.setattr(gpu_frame.shutil, "which", lambda name: None)

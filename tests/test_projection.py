@@ -105,6 +105,10 @@ def test_bad_input_raises_valueerror_with_choices(call, message):
         (["--model", "9B"], "valid: 0.6B, 1.7B"),
         (["--host-ms", "3"], "goes with --bandwidth-gbs"),
         (["--bandwidth-gbs", "68", "--host-ms", "-3"], "host work must be zero or more ms"),
+        # options a table with inputs of its own would ignore
+        (["--study-inputs", "--model", "1.7B"], "--study-inputs has inputs of its own and takes no --model"),
+        (["--frame-bytes", "--weights", "int4", "--device", "h200"],
+         "--frame-bytes has inputs of its own and takes no --weights, --device"),
     ],
 )
 def test_cli_reports_bad_input_on_one_line(argv, message, capsys, tmp_path):
@@ -122,6 +126,10 @@ def test_custom_device_never_overwrites_committed_ids(tmp_path, capsys):
     data = json.loads((tmp_path / written[0]).read_text())
     assert data["provenance"]["command"] == "vllm-omni-bench project --model 0.6B --weights bf16 --bandwidth-gbs 68 --host-ms 10"
     assert data["rows"][0][-1] == pytest.approx((3.309813248 / 68 * 1e3 + 10) / 80, abs=1e-4)
+    # the study's inputs on a custom device as well
+    assert cli.main(["project", "--study-inputs", "--bandwidth-gbs", "68", "--output", str(tmp_path / "s")]) == 0
+    written = sorted(p.relative_to(tmp_path / "s").as_posix() for p in (tmp_path / "s").rglob("*.json"))
+    assert written == [f"{AREA}/projection-study-inputs-custom.json"]
 
 
 def test_computed_artifacts_exist():

@@ -176,7 +176,10 @@ def parse_list(text: str, valid: Iterable[str], what: str) -> list[str]:
 
 
 def thread_counts(args: argparse.Namespace) -> list[int]:
-    """The thread counts of a sweep: ``--thread-counts`` (comma-separated), else ``--threads`` or all usable cores."""
+    """The thread counts of a sweep: ``--thread-counts`` (comma-separated), else ``--threads`` or all
+    usable cores; both at once is refused rather than one of them ignored."""
+    if getattr(args, "thread_counts", None) and getattr(args, "threads", None) is not None:
+        raise BenchError("give --threads or --thread-counts, not both")
     if getattr(args, "thread_counts", None):
         try:
             counts = [cpu_threads(t) for t in args.thread_counts.split(",") if t.strip()]

@@ -22,7 +22,7 @@ from vllm_omni import mps
 from vllm_omni.bench.common import (
     BenchError, add_name, add_output, gpu_slug, named_id, nonnegative_int, positive_int, positive_number,
 )
-from vllm_omni.bench.talker import QUICK_LAYERS, add_model_args, id_suffix
+from vllm_omni.bench.talker import add_model_args, id_suffix, talker_layers
 from vllm_omni.models import get_model
 
 DEFAULT_CAPS = (100, 25, 12, 6)  # the study's sweep: all, ~33, ~16 (Orin AGX), ~8 (Orin NX) of 132 SMs
@@ -81,10 +81,7 @@ def child_command(config: Mapping[str, Any]) -> list[str]:
 
 
 def child_config(args: argparse.Namespace) -> dict[str, Any]:
-    spec = get_model(args.model)
-    layers = args.layers or (QUICK_LAYERS if args.quick else spec.talker.layers)
-    if not 0 < layers <= spec.talker.layers:
-        raise BenchError(f"--layers must be in 1..{spec.talker.layers}, got {layers}")
+    layers = talker_layers(args)
     return {
         "model": args.model, "layers": layers, "dtype": "bfloat16", "seed": args.seed,
         "cache": args.cache if args.cache is not None else (8 if args.quick else 256),
@@ -166,6 +163,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.no_mps and args.caps:
+        raise BenchError("--caps sets MPS shares of the SMs and --no-mps runs one uncapped child: give one of them")
     caps = parse_caps(args.caps) if args.caps else (QUICK_CAPS if args.quick else DEFAULT_CAPS)
     config = child_config(args)
     base = dict(os.environ)

@@ -60,13 +60,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=positive_int, default=None, help="interleaved rounds (default 5; --quick 1)")
     p.add_argument("--repeats", type=positive_int, default=None, help="timed calls per engine per round (default 10; --quick 3)")
     p.add_argument("--talker-position", type=nonnegative_int, default=None,
-                   help=f"KV position of the timed talker step (default {TALKER_POSITION})")
-    p.add_argument("--prefill-tokens", type=positive_int, default=None, help=f"talker prefill length (default {PREFILL_TOKENS})")
+                   help=f"KV position of the timed talker step (default {TALKER_POSITION}; "
+                        f"--quick {QUICK['talker_position']})")
+    p.add_argument("--prefill-tokens", type=positive_int, default=None,
+                   help=f"talker prefill length (default {PREFILL_TOKENS}; --quick {QUICK['prefill_tokens']})")
     p.add_argument("--kv-type", choices=("f16", "f32"), default="f16",
                    help="llama.cpp KV cache type (its default: f16)")
     p.add_argument("--workdir", type=Path, default=None, help="folder for the GGUF files (default: a temporary one)")
     p.add_argument("--quick", action="store_true",
-                   help="one predictor layer, int4 only, few repetitions: for doctests, not for figures")
+                   help=f"{QUICK['predictor_layers']} predictor layer, a {QUICK['talker_layers']}-layer talker, "
+                        "int4 only, few repetitions: for doctests, not for figures")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights")
     add_suffix(p, "each artifact's name, llamacpp-<part>-t<thread counts>[-<model>]")
     add_output(p)
@@ -328,7 +331,8 @@ def run(args: argparse.Namespace) -> int:
     bw_note = ("Bandwidth fraction = weight bytes per call / median time / read bandwidth measured right before "
                "that row's rounds at the same thread count (best of a native wide-load probe and a torch sum streaming "
                "1 GiB, and the native probe re-reading a buffer of that call's weight bytes, ours where we run it); "
-               "KV-cache reads are not counted (llama.cpp's cache is F16 by default, ours fp32). ")
+               "KV-cache reads are not counted (llama.cpp's cache is F16 by default; ours is fp32 with fp32 weights "
+               "and fp16 with int8 and int4). ")
 
     ratio_note = ("'llama.cpp / ours' divides the two medians; 'by round' is the median over rounds of each "
                   "round's ratio, both engines timed seconds apart, which a change of the host's bandwidth during "

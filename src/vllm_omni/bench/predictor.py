@@ -53,13 +53,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", choices=WEIGHT_FORMATS, default="int4", help="weight format")
     p.add_argument("--impl", choices=tuple(IMPLS), default="both",
                    help="eager reference, torch.compile of the static-cache predictor (fp32), fused kernel, "
-                        "reference and fused interleaved in one run (both), or all three (all)")
+                        "reference and fused interleaved in one run (both), or all three (all; with weights other "
+                        "than fp32, the two that run them)")
     p.add_argument("--model", choices=("0.6B", "1.7B"), default="0.6B", help="model size (random weights)")
     p.add_argument("--quick", action="store_true", help="few repetitions: for doctests, not for figures")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights and inputs")
     p.add_argument("--rounds", type=positive_int, default=None, help="interleaved rounds (default 5; --quick 1)")
     p.add_argument("--variant", choices=("native", "avx2", "generic"), default="native",
-                   help="build of the fused kernels: this CPU's full ISA (default), AVX2 only, or plain C")
+                   help="build of the fused kernels: this CPU's full ISA (default), AVX2 only, or plain C "
+                        "(the fused kernel only)")
     add_name(p, "cpu-path", "predictor-<impl>-<weights>-t<thread counts>[-<model>][-<variant>]")
     add_output(p)
     p.set_defaults(func=run, core_clock=True)  # a timed CPU run: its artifact records the core clock
@@ -158,9 +160,12 @@ def run(args: argparse.Namespace) -> int:
     impls = IMPLS[args.impl]
     for impl, formats in (("fused", FUSED_FORMATS), ("compiled", COMPILED_FORMATS)):
         if impl in impls and args.weights not in formats:
-            if args.impl == impl:
-                raise BenchError(f"the {impl} predictor supports --weights {', '.join(formats)}, not {args.weights}")
-            impls = [i for i in impls if i != impl]  # both, all: time what runs this format
+            if args.impl == impl or impl == "fused":  # both or all without the fused kernel is no comparison
+                alone = "" if args.impl == impl else "; --impl reference times the eager predictor alone"
+                raise BenchError(f"the {impl} predictor supports --weights {', '.join(formats)}, not {args.weights}{alone}")
+            impls = [i for i in impls if i != impl]  # all: compiled runs fp32 only
+    if args.variant != "native" and "fused" not in impls:
+        raise BenchError(f"--variant picks a build of the fused kernels, which --impl {args.impl} does not run")
     rounds = args.rounds or (1 if args.quick else 5)
     pass_reps, frame_reps = (3, 1) if args.quick else (20, 2)
     pass_warmup = 1 if args.quick else PASS_WARMUP

@@ -57,12 +57,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     what = p.add_mutually_exclusive_group()
     what.add_argument("--study-inputs", action="store_true",
-                      help="use the study's own inputs (1.2 GB talker + 2.4 GB predictor, bf16)")
+                      help="use the study's own inputs (1.2 GB talker + 2.4 GB predictor, bf16) instead of a "
+                           "model's weight bytes")
     what.add_argument("--frame-bytes", action="store_true",
-                      help="write the bytes-per-frame table for every model size and weight format")
-    p.add_argument("--model", default="0.6B", help=f"model size: {', '.join(MODELS)} (default 0.6B)")
-    p.add_argument("--weights", default="bf16",
-                   help=f"weight format: {', '.join(WEIGHT_FORMATS)}, or 'all' (default bf16)")
+                      help="write the bytes-per-frame table for every model size and weight format, and the "
+                           "0.6B talker's candidate sizes (no devices)")
+    p.add_argument("--model", default=None,
+                   help=f"model size: {', '.join(MODELS)} (default 0.6B; not with --study-inputs or --frame-bytes)")
+    p.add_argument("--weights", default=None,
+                   help=f"weight format: {', '.join(WEIGHT_FORMATS)}, or 'all' (default bf16; not with "
+                        "--study-inputs or --frame-bytes)")
     p.add_argument("--device", action="append", default=None,
                    help=f"device key, repeatable (default: all of {', '.join(DEVICES)})")
     p.add_argument("--bandwidth-gbs", type=float, default=None,
@@ -239,6 +243,16 @@ def _devices(args: argparse.Namespace) -> list[Device]:
 
 def build(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The artifacts this invocation produces (validated, not yet written)."""
+    if args.study_inputs or args.frame_bytes:  # tables with inputs of their own: an option they ignore is refused
+        given = {"--model": args.model, "--weights": args.weights}
+        if args.frame_bytes:
+            given.update({"--device": args.device, "--bandwidth-gbs": args.bandwidth_gbs, "--host-ms": args.host_ms})
+        ignored = [flag for flag, value in given.items() if value is not None]
+        if ignored:
+            mode = "--study-inputs" if args.study_inputs else "--frame-bytes"
+            raise BenchError(f"{mode} has inputs of its own and takes no {', '.join(ignored)}")
+    else:
+        args.model, args.weights = args.model or "0.6B", args.weights or "bf16"
     command = _command(args)
     if args.frame_bytes:
         arts = [frame_bytes_artifact(command), talker_candidates_artifact(command)]
@@ -252,9 +266,9 @@ def build(args: argparse.Namespace) -> list[dict[str, Any]]:
             raise BenchError(f"unknown weight format {args.weights!r}; valid: {', '.join(WEIGHT_FORMATS)}, all")
         devices = _devices(args)
         arts = [spec_artifact(args.model, f, devices, command) for f in formats]
-        if args.bandwidth_gbs is not None:  # a custom device never overwrites the committed tables
-            for a in arts:
-                a["id"] += "-custom"
+    if args.bandwidth_gbs is not None:  # a custom device never overwrites the committed tables
+        for a in arts:
+            a["id"] += "-custom"
     for a in arts:
         validate(a)
     return arts

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         threads=threads,
         source="vllm-omni-bench quality",
         compare={"tolerance": 0.05, "key_columns": ["build"]},
-        notes="Inputs: seeds 0..11 of a unit-RMS past hidden state and a codebook-0 embedding; greedy "
+        notes=f"Inputs: seeds {seeds[0]}..{seeds[-1]} of a unit-RMS past hidden state and a codebook-0 embedding; greedy "
               "decoding of the 15 residual codes. The reference int8 build uses torch's dynamic int8 "
               "linear; the reference int4 build uses torch's int4 weight-only matmul.",
     )

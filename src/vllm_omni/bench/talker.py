@@ -22,7 +22,8 @@ QUICK_LAYERS = 2  # --quick runs a shallow stack so doctests take seconds; never
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=("0.6B", "1.7B"), default="0.6B", help="model size (random weights)")
     p.add_argument("--layers", type=positive_int, default=None,
-                   help=f"talker layers to build (default: all 28; --quick: {QUICK_LAYERS})")
+                   help=f"talker layers to build (default: all 28; --quick: {QUICK_LAYERS}); fewer than all "
+                        "add -l<layers> to the artifact's name")
 
 
 def add_kv_cache_arg(p: argparse.ArgumentParser) -> None:
@@ -36,6 +37,7 @@ def kv_cache_of(talker: Any) -> str | None:
 
 
 def talker_layers(args: argparse.Namespace) -> int:
+    """The talker layers to build: ``--layers``, else all (or the quick stack), checked."""
     spec = get_model(args.model)
     n = args.layers or (QUICK_LAYERS if args.quick else spec.talker.layers)
     if not 0 < n <= spec.talker.layers:
@@ -79,11 +81,14 @@ def build_predictor(args: argparse.Namespace, threads: int) -> Any:
 
 
 def id_suffix(args: argparse.Namespace) -> str:
-    """Artifact-id tail: the model when it is not 0.6B, ``-kv<cache>`` when ``--kv-cache`` is
-    given, and ``-quick`` for quick runs."""
+    """Artifact-id tail: the model when it is not 0.6B, ``-l<layers>`` when ``--layers`` asks
+    for fewer than the model has (a shallow stack never takes a full run's file),
+    ``-kv<cache>`` when ``--kv-cache`` is given, and ``-quick`` for quick runs."""
     model = "" if args.model == "0.6B" else f"-{args.model.lower()}"
+    shallow = args.layers is not None and args.layers != get_model(args.model).talker.layers
+    layers = f"-l{args.layers}" if shallow else ""
     kv = f"-kv{args.kv_cache}" if getattr(args, "kv_cache", None) else ""
-    return model + kv + ("-quick" if args.quick else "")
+    return model + layers + kv + ("-quick" if args.quick else "")
 
 
 def talker_bytes(model: str, fmt: str, layers: int) -> int:

@@ -62,14 +62,18 @@ CONFIGS = (
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(COMMAND, help="in-process vLLM engine with OMP_NUM_THREADS unset: decode step and a "
                                      "second stage's torch op, with and without the plugin")
-    p.add_argument("--rounds", type=positive_int, default=5, help="runs of each configuration, interleaved (default 5)")
-    p.add_argument("--requests", type=positive_int, default=3, help="requests decoded one after another per run (default 3)")
-    p.add_argument("--tokens", type=positive_int, default=32, help="decode steps per request (default 32)")
+    p.add_argument("--rounds", type=positive_int, default=None,
+                   help="runs of each configuration, interleaved (default 5; --quick 1)")
+    p.add_argument("--requests", type=positive_int, default=None,
+                   help="requests decoded one after another per run (default 3; --quick 1)")
+    p.add_argument("--tokens", type=positive_int, default=None, help="decode steps per request (default 32; --quick 8)")
     p.add_argument("--stage2-threads", type=cpu_threads, default=None,
                    help="threads the second stage asks for (default: half the usable cores, at least 1)")
-    p.add_argument("--stage2-ops", type=positive_int, default=50, help="timed matmuls of the second stage (default 50)")
+    p.add_argument("--stage2-ops", type=positive_int, default=None,
+                   help="timed matmuls of the second stage (default 50; --quick 10)")
     p.add_argument("--stage2-size", type=positive_int, default=256, help="the second stage's square matmul size (default 256)")
-    p.add_argument("--quick", action="store_true", help="1 round, 1 request, 8 tokens, 10 ops: for doctests")
+    p.add_argument("--quick", action="store_true",
+                   help="1 round, 1 request, 8 tokens, 10 ops unless given: for doctests, not figures")
     p.add_argument("--model-dir", type=Path, default=None,
                    help="where to build the tiny model (default: a temporary folder, removed afterwards)")
     add_name(p, "vllm", "inprocess-threads")
@@ -233,8 +237,9 @@ def _run_child(spec: dict, env: dict[str, str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.quick:
-        args.rounds, args.requests, args.tokens, args.stage2_ops = 1, 1, 8, 10
+    for name, full, quick in (("rounds", 5, 1), ("requests", 3, 1), ("tokens", 32, 8), ("stage2_ops", 50, 10)):
+        if getattr(args, name) is None:  # a value given on the command line wins, --quick or not
+            setattr(args, name, quick if args.quick else full)
     usable = provenance.usable_cpus()
     if args.stage2_threads is None:
         args.stage2_threads = max(1, usable // 2)
@@ -306,7 +311,7 @@ def _measure(args: argparse.Namespace, model: str) -> int:
     slowdown = {k: round(summary["stock"][k] / base[k], 2) for k in ("decode_mean", "decode2_mean")}
     write_measured(
         args,
-        artifact_id="vllm/inprocess-threads",
+        artifact_id=f"vllm/inprocess-threads{'-quick' if args.quick else ''}",
         title="One in-process vLLM engine with OMP_NUM_THREADS unset, alone and beside a second stage, "
               "without and with the plugin",
         columns=[
