@@ -94,3 +94,46 @@ def test_predictor_refuses_options_it_would_ignore(argv, message, tmp_path, caps
     assert cli.main(["predictor", "--quick", *argv, "--output", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("where", ["--output", "VLLM_OMNI_RESULTS_DIR"])
+def test_a_results_folder_that_cannot_be_written_stops_the_run_before_it_measures(where, tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    argv = ["predictor", "--quick", "--threads", "1"]
+    if where == "--output":
+        argv += ["--output", str(blocker / "below")]
+    else:
+        monkeypatch.setenv("VLLM_OMNI_RESULTS_DIR", str(blocker))
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "give a folder to write artifacts into" in err
+    assert ("above it, is not a folder" if where == "--output" else "($VLLM_OMNI_RESULTS_DIR): not a folder") in err
+
+
+def test_folders_and_names_are_checked_as_the_command_line_is_read(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x\n")
+    for argv in (["engines", "--workdir", str(blocker)], ["llamacpp", "--workdir", str(blocker)],
+                 ["vllm-two-engines", "--model-dir", str(blocker)], ["env", "--name", "a" * 201]):
+        with pytest.raises(SystemExit) as info:
+            cli.main([*argv, "--output", str(tmp_path / "never")])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert "not a folder" in err or "at most 200 characters" in err, err
+    assert not (tmp_path / "never").exists()
+
+
+def test_a_missing_compiler_is_one_line_for_every_command_that_builds_kernels(tmp_path):
+    """Commands that build the native kernels say which compiler is missing, without a traceback."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CXX="no-such-cxx", VLLM_OMNI_NATIVE_DIR=str(tmp_path / "native"))
+    for argv in (["bandwidth", "--quick", "--threads", "1"], ["sampler", "--quick", "--threads", "1"]):
+        proc = subprocess.run([sys.executable, "-m", "vllm_omni.bench.cli", *argv, "--output", str(tmp_path / "out")],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr and "no-such-cxx" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "out").exists()

@@ -121,8 +121,9 @@ def test_enforce_eager_maps_to_graph_capture():
     [
         ("jetson_nano", "unknown hardware profile 'jetson_nano'; valid: auto, edge"),
         ("jetson_orin_8g,kv_budget=2", "unknown key 'kv_budget'; valid keys: kv_budget_gib"),
-        ("jetson_orin_8g,kv_budget_gib=-1", "bad value '-1' for kv_budget_gib: expected a number above 0"),
-        ("jetson_orin_8g,kv_budget_gib=lots", "expected a number above 0"),
+        ("jetson_orin_8g,kv_budget_gib=-1", "bad value '-1' for kv_budget_gib: expected a finite number above 0"),
+        ("jetson_orin_8g,kv_budget_gib=lots", "expected a finite number above 0"),
+        ("jetson_orin_8g,kv_budget_gib=inf", "bad value 'inf' for kv_budget_gib: expected a finite number above 0"),
         ("jetson_orin_8g,enforce_eager=maybe", "expected true or false"),
         ("jetson_orin_8g,graph_capture=talker", "expected one of all, talker\\+predictor, none"),
         ("jetson_orin_8g,max_num_seqs=0", "expected an integer of 1 or more"),

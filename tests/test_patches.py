@@ -230,6 +230,18 @@ def test_core_binding_explicit_cores_and_bad_input(patches):
             OMPProcessManager(VllmConfig(additional_config={"vllm_omni": block}))
 
 
+def test_a_hardware_profile_typo_is_warned_about_not_swallowed(monkeypatch, caplog):
+    """A VLLM_OMNI_HW_PROFILE that does not parse still leaves the even split, but says why."""
+    import logging
+
+    from vllm_omni.patches import core_binding
+
+    monkeypatch.setenv("VLLM_OMNI_HW_PROFILE", "x86_cpu_avxx2,cpu_cores=4")
+    with caplog.at_level(logging.WARNING, logger="vllm_omni.patches.core_binding"):
+        assert core_binding.profile_split([0, 1, 2, 3], "talker") is None
+    assert "unknown hardware profile 'x86_cpu_avxx2'" in caplog.text and "even split" in caplog.text
+
+
 def test_even_split():
     from vllm_omni.patches.core_binding import even_split
 

@@ -94,6 +94,51 @@ def test_unknown_id_lists_known(tmp_path):
         load("nope/nothing", root=tmp_path)
 
 
+def test_unknown_id_is_named_with_its_area_or_the_areas(tmp_path):
+    from vllm_omni.results import load
+
+    good = json.loads((FIXTURES / "good" / "good.json").read_text())
+    write(good, tmp_path)
+    with pytest.raises(ArtifactError, match="no artifact 'fixture/nope'; known: fixture/good$"):
+        load("fixture/nope", root=tmp_path)
+    with pytest.raises(ArtifactError, match="none in other/; areas: fixture$"):
+        load("other/nope", root=tmp_path)
+    with pytest.raises(ArtifactError, match=r"no results folder here"):
+        load("fixture/good", root=tmp_path / "missing")
+
+
+def test_write_all_writes_every_artifact_or_none(tmp_path):
+    """One path that cannot be written stops the whole set before any file is written, and no
+    temporary file stays behind."""
+    from vllm_omni.results.store import write_all
+
+    good = json.loads((FIXTURES / "good" / "good.json").read_text())
+    other = {**good, "id": "fixture/other"}
+    (tmp_path / "fixture" / "other.json").mkdir(parents=True)  # a folder where a file must go
+    with pytest.raises(ArtifactError, match=r"other\.json: \(file\): cannot write: is there and is not a file"):
+        write_all([good, other], tmp_path)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # good.json neither, nor a .tmp
+    paths = write_all([good, {**good, "id": "fixture/third"}], tmp_path / "fresh")
+    assert [p.name for p in paths] == ["good.json", "third.json"] and all(p.is_file() for p in paths)
+
+
+def test_numbers_json_cannot_hold_are_refused_both_ways(tmp_path):
+    good = json.loads((FIXTURES / "good" / "good.json").read_text())
+    good["rows"][0][1] = float("inf")
+    with pytest.raises(ArtifactError, match=r"good\.json: \(json\): a number is NaN or infinite"):
+        write(good, tmp_path)
+    assert not list(tmp_path.rglob("*"))
+    (tmp_path / "inf.json").write_text((FIXTURES / "good" / "good.json").read_text().replace("97.1", "Infinity"))
+    with pytest.raises(ArtifactError, match=r"inf\.json: \(json\): Infinity is not a JSON number"):
+        load_file(tmp_path / "inf.json")
+
+
+def test_a_file_that_is_not_text_is_named(tmp_path):
+    (tmp_path / "blob.json").write_bytes(b"\xb6\x00\xff")
+    with pytest.raises(ArtifactError, match=r"blob\.json: \(file\): not UTF-8 text"):
+        load_file(tmp_path / "blob.json")
+
+
 def test_committed_artifacts_are_valid():
     arts = load_all()
     assert arts, "results/ holds no artifacts"

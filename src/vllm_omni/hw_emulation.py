@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import os
 import re
 import sys
@@ -140,9 +141,9 @@ def _positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ValueError("expected a number above 0") from None
-    if not value > 0:
-        raise ValueError("expected a number above 0")
+        raise ValueError("expected a finite number above 0") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError("expected a finite number above 0")
     return value
 
 
@@ -225,16 +226,18 @@ def apply_overrides(profile: HwProfile, values: Mapping[str, Any]) -> HwProfile:
         values["graph_capture"] = "none" if values.pop("enforce_eager") else "all"
     if profile.kind == "cpu":
         if values.get("graph_capture", "none") != "none":
-            raise ValueError(f"profile {profile.name!r} is a CPU profile: CUDA graphs do not apply; "
+            raise ValueError(f"{ENV_VAR}: profile {profile.name!r} is a CPU profile: CUDA graphs do not apply; "
                              "use graph_capture=none or a GPU profile")
         if "gpu_memory_utilization" in values:
-            raise ValueError(f"profile {profile.name!r} is a CPU profile: gpu_memory_utilization does not apply; "
+            raise ValueError(f"{ENV_VAR}: profile {profile.name!r} is a CPU profile: "
+                             "gpu_memory_utilization does not apply; "
                              "size the KV cache with kv_budget_gib")
     elif "cpu_cores" in values:
-        raise ValueError(f"profile {profile.name!r} is a GPU profile: cpu_cores applies to CPU profiles only; "
+        raise ValueError(f"{ENV_VAR}: profile {profile.name!r} is a GPU profile: "
+                         "cpu_cores applies to CPU profiles only; "
                          "pin a GPU engine's host threads with taskset instead")
     if profile.kind == "cpu" and values.get("cpu_cores", profile.cpu_cores or 2) < 2:
-        raise ValueError("cpu_cores must be 2 or more: one core at least for each of the two stages")
+        raise ValueError(f"{ENV_VAR}: cpu_cores must be 2 or more: one core at least for each of the two stages")
     return dataclasses.replace(profile, **values)
 
 

@@ -19,6 +19,7 @@ size and weight format.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from vllm_omni.models import FrameBytes, frame_breakdown, get_model
@@ -70,11 +71,11 @@ def get_device(key: str) -> Device:
 
 def custom_device(bandwidth_gbs: float, host_ms: float = XEON_HOST_MS, name: str = "custom") -> Device:
     """A device from a bandwidth (GB/s, > 0) and host work per frame (ms, >= 0)."""
-    if not isinstance(bandwidth_gbs, (int, float)) or not bandwidth_gbs > 0:
-        raise ValueError(f"bandwidth must be a positive number of GB/s, got {bandwidth_gbs!r}; "
+    if not isinstance(bandwidth_gbs, (int, float)) or not 0 < bandwidth_gbs < math.inf:
+        raise ValueError(f"bandwidth must be a positive, finite number of GB/s, got {bandwidth_gbs!r}; "
                          f"or use a known device: {', '.join(DEVICES)}")
-    if not isinstance(host_ms, (int, float)) or not host_ms >= 0:
-        raise ValueError(f"host work must be zero or more ms, got {host_ms!r}")
+    if not isinstance(host_ms, (int, float)) or not 0 <= host_ms < math.inf:
+        raise ValueError(f"host work must be a finite number of ms, zero or more, got {host_ms!r}")
     return Device(name.lower().replace(" ", "_"), name, float(bandwidth_gbs), host_ms / XEON_HOST_MS,
                   None, "given on the command line")
 

@@ -108,6 +108,6 @@ def run(args: argparse.Namespace) -> int:
     for kind, count, ids in verdicts["rows"]:
         print(f"{kind}: {count}" + (f" ({ids})" if ids and kind != "holds" else ""))
     if not args.no_write:
-        for data in (claims, verdicts):
-            print(f"wrote {store.write(data, args.output)}")
+        for path in store.write_all([claims, verdicts], args.output):
+            print(f"wrote {path}")
     return 0

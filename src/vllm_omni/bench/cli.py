@@ -9,7 +9,7 @@ import sys
 
 from vllm_omni.bench.common import BenchError
 from vllm_omni.cpu import clock, native
-from vllm_omni.results import host_load
+from vllm_omni.results import host_load, store
 from vllm_omni.results.schema import ArtifactError
 
 # Subcommand modules under vllm_omni.bench; each defines register(subparsers).
@@ -47,9 +47,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _results_folder_problem(args: argparse.Namespace) -> str | None:
+    """Why this command could not write its artifacts, found before it measures anything."""
+    if not hasattr(args, "output") or getattr(args, "no_write", False):
+        return None
+    folder = args.output if args.output is not None else store.default_results_dir()
+    problem = store.folder_problem(folder)
+    if problem is None:
+        return None
+    given = "--output" if args.output is not None else f"${store.RESULTS_DIR_ENV}"
+    if args.output is None and not os.environ.get(store.RESULTS_DIR_ENV):
+        given = "the checkout's results/"
+    return f"results folder {folder} ({given}): {problem}; give a folder to write artifacts into"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    problem = _results_folder_problem(args)
+    if problem:
+        print(f"vllm-omni-bench {args.command}: error: {problem}", file=sys.stderr)
+        return 2
     host_load.mark()
     if getattr(args, "core_clock", False):  # a timed CPU run (set_defaults in its module)
         try:
@@ -62,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         clock.clear()
     try:
         return int(args.func(args) or 0)
-    except (BenchError, ArtifactError) as exc:
+    except (BenchError, ArtifactError, native.NativeBuildError) as exc:
         print(f"vllm-omni-bench {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import math
 import re
@@ -10,7 +11,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from vllm_omni import __version__
 from vllm_omni.cpu import clock
@@ -92,12 +93,15 @@ def add_output(parser: argparse.ArgumentParser) -> None:
 
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+NAME_MAX = 200  # a file name holds 255 bytes: room for the tails a run adds (-quick, .json.tmp)
 
 
 def _artifact_file_name(text: str) -> str:
     if not _NAME_RE.match(text):
         raise argparse.ArgumentTypeError(
             f"must be lowercase letters, digits, '.', '_' or '-' (no folders), got {text!r}")
+    if len(text) > NAME_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {NAME_MAX} characters, got {len(text)}")
     return text
 
 
@@ -107,6 +111,30 @@ def add_name(parser: argparse.ArgumentParser, folder: str, default: str) -> None
     command line is parsed, before any measuring."""
     parser.add_argument("--name", type=_artifact_file_name, default=None,
                         help=f"artifact name under results/{folder}/ (default: {default})")
+
+
+def folder(text: str) -> Path:
+    """A folder a run will create or use (``--workdir``, ``--model-dir``): a path that is a file,
+    or lies under one, is refused as the command line is parsed, before any measuring."""
+    path = Path(text)
+    problem = store.folder_problem(path)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text}: {problem}")
+    return path
+
+
+@contextlib.contextmanager
+def tiny_model_dir(model_dir: Path | None) -> Iterator[Path]:
+    """The tiny Qwen3 checkpoint of the vLLM benchmarks, in ``--model-dir`` or a temporary folder
+    removed afterwards; a folder that holds something else is refused as a BenchError."""
+    from vllm_omni.testing.tiny_qwen3 import tiny_qwen3
+
+    with contextlib.ExitStack() as stack:
+        try:
+            path = stack.enter_context(tiny_qwen3(model_dir))
+        except OSError as exc:  # FileExistsError: a folder with other contents, never overwritten
+            raise BenchError(f"--model-dir {model_dir}: {exc}") from None
+        yield path
 
 
 def named_id(args: argparse.Namespace, artifact_id: str) -> str:

@@ -277,10 +277,11 @@ def build(args: argparse.Namespace) -> list[dict[str, Any]]:
 def run(args: argparse.Namespace) -> int:
     from vllm_omni.results.render import markdown_table
 
-    for data in build(args):
+    arts = build(args)
+    for data in arts:
         print(f"## {data['title']}")
         print(markdown_table(validate(data)))
-        if not args.no_write:
-            path = store.write(data, args.output)
+    if not args.no_write:
+        for path in store.write_all(arts, args.output):
             print(f"wrote {Path(path)}")
     return 0

@@ -300,6 +300,6 @@ def run(args: argparse.Namespace) -> int:
     for (host, target), (met, total) in counts.items():
         print(f"{host} | {target}: {met} of {total} runs met")
     if not args.no_write:
-        for artifact in (data, brief):
-            print(f"wrote {store.write(artifact, args.output)}")
+        for path in store.write_all([data, brief], args.output):
+            print(f"wrote {path}")
     return 0

@@ -143,6 +143,9 @@ def profile_split(pool: list[int], stage: str) -> tuple[list[int], str] | None:
 
         profile = hw_emulation.deploy_profile("auto", cuda=None)
         indices = hw_emulation.stage_cores(profile).get(stage)
+    except ValueError as exc:  # a VLLM_OMNI_HW_PROFILE that does not parse: said, not swallowed
+        logger.warning("%s; binding cores by an even split instead", exc)
+        return None
     except Exception as exc:  # noqa: BLE001 - no usable profile: fall back to the even split
         logger.debug("no hardware profile for core binding (%s)", exc)
         return None

@@ -327,6 +327,14 @@ def _id_from_path(path: Path) -> str | None:
     return "/".join(rel)[: -len(".json")] if rel[-1].endswith(".json") else None
 
 
+class _NotJsonNumber(ValueError):
+    """NaN or Infinity: Python's json reads them, JSON itself (and the site's readers) does not."""
+
+
+def _not_json(name: str) -> None:
+    raise _NotJsonNumber(name)
+
+
 def load_file(path: str | Path) -> Artifact:
     """Read and validate one artifact file; invalid JSON is reported with its line."""
     path = Path(path)
@@ -334,8 +342,13 @@ def load_file(path: str | Path) -> Artifact:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ArtifactError(path, "(file)", f"cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ArtifactError(path, "(file)", "not UTF-8 text, so not an artifact") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_not_json)
     except json.JSONDecodeError as exc:
         raise ArtifactError(path, "(json)", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except _NotJsonNumber as exc:
+        raise ArtifactError(path, "(json)", f"{exc} is not a JSON number (NaN and infinities cannot be figures)"
+                            ) from None
     return validate(data, path)
