@@ -113,7 +113,7 @@ def add_name(parser: argparse.ArgumentParser, folder: str, default: str) -> None
                         help=f"artifact name under results/{folder}/ (default: {default})")
 
 
-def folder(text: str) -> Path:
+def folder_path(text: str) -> Path:
     """A folder a run will create or use (``--workdir``, ``--model-dir``): a path that is a file,
     or lies under one, is refused as the command line is parsed, before any measuring."""
     path = Path(text)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_omni.bench.common import (
-    BenchError, add_name, add_output, cpu_threads, folder, median, nonnegative_int, parse_list, positive_int,
+    BenchError, add_name, add_output, cpu_threads, folder_path, median, nonnegative_int, parse_list, positive_int,
     resolve_threads, time_calls, write_measured,
 )
 from vllm_omni.bench.predictor import PASS_POSITION
@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="predictor blocks (default 5, the published depth; --quick 1)")
     p.add_argument("--rounds", type=positive_int, default=None, help="round-robin rounds (default 7; --quick 1)")
     p.add_argument("--repeats", type=positive_int, default=None, help="timed passes per runner per round (default 10; --quick 3)")
-    p.add_argument("--workdir", type=folder, default=None,
+    p.add_argument("--workdir", type=folder_path, default=None,
                    help="where exported and converted models go (default: a temporary folder, removed afterwards)")
     p.add_argument("--quick", action="store_true", help="one block, few repetitions: for doctests, not for figures")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights")

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vllm_omni.bench.common import (
-    BenchError, add_output, add_suffix, cpu_threads, folder, median, nonnegative_int, parse_list, positive_int,
+    BenchError, add_output, add_suffix, cpu_threads, folder_path, median, nonnegative_int, parse_list, positive_int,
     thread_counts, time_calls, write_measured,
 )
 from vllm_omni.bench.predictor import PASS_POSITION
@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"talker prefill length (default {PREFILL_TOKENS}; --quick {QUICK['prefill_tokens']})")
     p.add_argument("--kv-type", choices=("f16", "f32"), default="f16",
                    help="llama.cpp KV cache type (its default: f16)")
-    p.add_argument("--workdir", type=folder, default=None, help="folder for the GGUF files (default: a temporary one)")
+    p.add_argument("--workdir", type=folder_path, default=None, help="folder for the GGUF files (default: a temporary one)")
     p.add_argument("--quick", action="store_true",
                    help=f"{QUICK['predictor_layers']} predictor layer, a {QUICK['talker_layers']}-layer talker, "
                         "int4 only, few repetitions: for doctests, not for figures")

@@ -46,8 +46,8 @@ import time
 from pathlib import Path
 
 from vllm_omni.bench.common import (
-    BenchError, add_name, add_output, cpu_threads, folder, median, positive_int, require_vllm_plugin, tiny_model_dir,
-    write_measured,
+    BenchError, add_name, add_output, cpu_threads, folder_path, median, positive_int, require_vllm_plugin,
+    tiny_model_dir, write_measured,
 )
 from vllm_omni.results import provenance
 
@@ -75,7 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stage2-size", type=positive_int, default=256, help="the second stage's square matmul size (default 256)")
     p.add_argument("--quick", action="store_true",
                    help="1 round, 1 request, 8 tokens, 10 ops unless given: for doctests, not figures")
-    p.add_argument("--model-dir", type=folder, default=None,
+    p.add_argument("--model-dir", type=folder_path, default=None,
                    help="where to build the tiny model (default: a temporary folder, removed afterwards)")
     add_name(p, "vllm", "inprocess-threads")
     add_output(p)

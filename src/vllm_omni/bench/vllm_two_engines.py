@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from vllm_omni.bench.common import (
-    BenchError, add_name, add_output, folder, nonnegative_int, positive_int, require_vllm_plugin, tiny_model_dir,
-    write_measured,
+    BenchError, add_name, add_output, folder_path, nonnegative_int, positive_int, require_vllm_plugin,
+    tiny_model_dir, write_measured,
 )
 from vllm_omni.results import provenance
 
@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--env-kv-gib", type=nonnegative_int, default=1,
                    help="VLLM_CPU_KVCACHE_SPACE set for the process, in GiB (0: leave unset; default 1)")
     p.add_argument("--tokens", type=positive_int, default=8, help="greedy tokens each engine generates (default 8)")
-    p.add_argument("--model-dir", type=folder, default=None,
+    p.add_argument("--model-dir", type=folder_path, default=None,
                    help="where to build the tiny model (default: a temporary folder, removed afterwards)")
     add_name(p, "vllm", "two-engines")
     add_output(p)

@@ -91,9 +91,9 @@ def write(artifact: Artifact | dict, root: str | Path | None = None) -> Path:
 
 
 def write_all(artifacts: list[Artifact | dict], root: str | Path | None = None) -> list[Path]:
-    """Write several artifacts, or none: every one is validated and serialised, and every path
-    checked, before the first is written, so that one refused file never leaves the others half
-    done."""
+    """Write several artifacts: every one is validated and serialised, and every path checked,
+    before the first is written, so that a file refused for its content or its place never
+    leaves the others half written."""
     root = Path(root) if root is not None else default_results_dir()
     staged: list[tuple[Path, str]] = []
     for artifact in artifacts:
