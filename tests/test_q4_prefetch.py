@@ -68,3 +68,15 @@ def test_prefetching_changes_no_bit_of_an_int4_frame():
     finally:
         lib.vo_set_q4_prefetch(before)
     assert out[0][0] == out[8][0] and torch.equal(out[0][1], out[8][1])
+
+
+@pytest.mark.parametrize("command", ["quality", "predictor"])
+def test_every_command_that_builds_the_kernels_refuses_a_bad_setting_first(monkeypatch, command, tmp_path, capsys):
+    """Timed runs and quality (untimed, but its fused builds load the kernels) stop at once, before
+    their reference baseline or probes have run."""
+    from vllm_omni.bench import cli
+
+    monkeypatch.setenv(native.Q4_PREFETCH_ENV, "eight")
+    assert cli.main([command, "--quick", "--output", str(tmp_path)]) == 2
+    assert "VLLM_OMNI_Q4_PREFETCH='eight'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

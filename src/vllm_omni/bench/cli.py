@@ -69,12 +69,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vllm-omni-bench {args.command}: error: {problem}", file=sys.stderr)
         return 2
     host_load.mark()
-    if getattr(args, "core_clock", False):  # a timed CPU run (set_defaults in its module)
+    timed = getattr(args, "core_clock", False)  # a timed CPU run (set_defaults in its module)
+    if timed or getattr(args, "native_kernels", False):
         try:
             native.q4_prefetch_groups()  # a bad setting stops the run before anything is built
         except ValueError as exc:
             print(f"vllm-omni-bench {args.command}: error: {exc}", file=sys.stderr)
             return 2
+    if timed:
         clock.mark()
     else:
         clock.clear()

@@ -53,13 +53,14 @@ def agreement(codes, baseline) -> tuple[float, int, float]:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("quality", help="greedy code agreement of each predictor build with the fp32 reference")
-    p.add_argument("--model", choices=("0.6B", "1.7B"), default="0.6B")
-    p.add_argument("--threads", type=cpu_threads, default=None)
+    p.add_argument("--model", choices=("0.6B", "1.7B"), default="0.6B", help="model size (random weights)")
+    p.add_argument("--threads", type=cpu_threads, default=None, help="threads (default: all usable cores)")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights")
     p.add_argument("--quick", action="store_true", help="3 inputs instead of 12 (for doctests)")
     add_name(p, "cpu-path", "quality-<model>")
     add_output(p)
-    p.set_defaults(func=run)
+    # untimed, but it builds the native kernels: a bad VLLM_OMNI_Q4_PREFETCH stops it before the baseline
+    p.set_defaults(func=run, native_kernels=True)
 
 
 def run(args: argparse.Namespace) -> int:
