@@ -172,6 +172,21 @@ def test_engine_rejects_bad_format_and_threads(name, one_block, workdir):
 
 
 @pytest.mark.engines
+def test_mnn_gets_its_memory_mode_as_the_integer_its_binding_reads(one_block, workdir, monkeypatch):
+    """MNN's Python binding reads the memory mode only as an integer and ignores a name such as
+    "low" without a word; quantized runs must pass its low mode (2), fp32 the normal one (0)."""
+    import MNN.nn as nn
+
+    seen = []
+    real = nn.create_runtime_manager
+    monkeypatch.setattr(nn, "create_runtime_manager", lambda configs: seen.append(dict(configs[0])) or real(configs))
+    settings = [engine("mnn_rt").prepare(one_block, fmt=fmt, threads=1, workdir=workdir, position=POSITION).settings
+                for fmt in ("fp32", "int4")]
+    assert [c["memory"] for c in seen] == [0, 2] and all(type(c["memory"]) is int for c in seen)
+    assert "memory=normal (0)" in settings[0] and "memory=low (2)" in settings[1]
+
+
+@pytest.mark.engines
 def test_engines_use_exactly_the_threads_asked_for(one_block, workdir):
     ort = engine("onnxrt").prepare(one_block, fmt="fp32", threads=2, workdir=workdir, position=POSITION)
     assert ort.session.get_session_options().intra_op_num_threads == 2

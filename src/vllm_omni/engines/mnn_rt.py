@@ -7,12 +7,17 @@ pip-installs a logging SDK into whatever ``pip`` is on PATH and sends usage data
 Formats (the converter's weight quantization):
 
 - ``fp32``: plain conversion; run with ``precision=high`` (fp32 arithmetic);
-- ``int8``: ``--weightQuantBits 8`` (symmetric, per output channel);
-- ``int4``: ``--weightQuantBits 4 --weightQuantBlock 32`` (symmetric, blocks of 32).
+- ``int8``: ``--weightQuantBits 8`` (per output channel);
+- ``int4``: ``--weightQuantBits 4 --weightQuantBlock 32`` (blocks of 32).
 
-Quantized models run with ``memory=low``: MNN then keeps the weights in their low-bit form
-and quantizes activations at run time (with ``memory=normal`` it would dequantize the
-weights to fp32 at load, saving only file size). Threads: ``numThread = threads``.
+Both quantized forms are the converter's default, which in MNN 3.6.1 is asymmetric: a zero
+point beside each scale (``weightQuantAsymmetric`` defaults to true, whatever its help says).
+
+Quantized models run in MNN's low memory mode: MNN then keeps the weights in their low-bit
+form and quantizes activations at run time (in the normal mode it dequantizes the weights to
+fp32 at load, saving only file size). The Python binding reads the mode only as an integer
+(``MEMORY_MODES``) and ignores a name such as ``"low"`` without a word, which is how the
+runs before this was fixed came to time the normal mode. Threads: ``numThread = threads``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from vllm_omni.engines.common import check_format, check_threads, dist_versions,
 
 NAME = "MNN"
 INT4_BLOCK = 32
+MEMORY_MODES = {"normal": 0, "high": 1, "low": 2}  # MNN's BackendConfig::MemoryMode, as the binding reads it
 SUPPORTED = {"fp32": None, "int8": None, "int4": None}
 CONVERT_FLAGS = {"fp32": [], "int8": ["--weightQuantBits", "8"],
                  "int4": ["--weightQuantBits", "4", "--weightQuantBlock", str(INT4_BLOCK)]}
@@ -70,14 +76,15 @@ class MnnRunner:
 
         from vllm_omni.engines.export import INPUT_NAMES, OUTPUT_NAMES
 
-        config = {"backend": "CPU", "precision": "high", "numThread": threads,
-                  "memory": "normal" if fmt == "fp32" else "low"}
+        memory = "normal" if fmt == "fp32" else "low"
+        config = {"backend": "CPU", "precision": "high", "numThread": threads, "memory": MEMORY_MODES[memory]}
         self.runtime = nn.create_runtime_manager((config,))
         self.module = nn.load_module_from_file(str(path), list(INPUT_NAMES), list(OUTPUT_NAMES),
                                                runtime_manager=self.runtime)
         self.inputs = [F.const(t.contiguous().numpy(), list(t.shape), F.NCHW) for t in inputs]
         self.model_bytes = file_bytes(path)
-        self.settings = ", ".join(f"{k}={v}" for k, v in config.items()) + f", MNN {MNN.version()}"
+        shown = {**config, "memory": f"{memory} ({config['memory']})"}
+        self.settings = ", ".join(f"{k}={v}" for k, v in shown.items()) + f", MNN {MNN.version()}"
 
     def run_once(self) -> None:
         out = self.module.forward(self.inputs)
