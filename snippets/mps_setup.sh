@@ -39,11 +39,13 @@ export CUDA_MPS_PIPE_DIRECTORY="$pipe_dir" CUDA_MPS_LOG_DIRECTORY="$log_dir"
 nvidia-cuda-mps-control -d
 trap 'echo quit | nvidia-cuda-mps-control' EXIT   # stop the daemon however the script ends
 
-# One client: a short bf16 matmul under the cap, if torch with CUDA is at hand.
-if "${PYTHON:-python3}" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+# One client: a short bf16 matmul under the cap, if torch with CUDA is at hand. The check runs
+# as a client too (the pipe directory is exported by now), so it gets the client's device 0.
+if env "${client_env[@]}" "${PYTHON:-python3}" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
     env "${client_env[@]}" "${PYTHON:-python3}" - <<'PY'
 import os, time, torch
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+a @ a  # the first product creates cuBLAS's handle and loads its kernel: not timed
 torch.cuda.synchronize()
 t0 = time.perf_counter()
 for _ in range(20):

@@ -153,6 +153,29 @@ def test_failed_start_says_how_to_recover(fake_control, tmp_path, monkeypatch):
     assert not any(c.startswith("stdin") for c in calls(fake_control))
 
 
+def test_a_hung_start_is_an_error_and_still_sends_quit(tmp_path):
+    sent = []
+
+    def runner(cmd, **kw):
+        sent.append(kw.get("input") or " ".join(cmd[1:]))
+        if cmd[1:] == ["-d"]:
+            raise subprocess.TimeoutExpired(cmd, kw["timeout"])
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    with pytest.raises(RuntimeError, match="did not return within 5 s; quit was sent"):
+        MpsSession(tmp_path / "m", runner=runner, control="sh", timeout_s=5).start()
+    assert sent == ["-d", "quit\n"]
+
+
+def test_a_failed_quit_is_warned_about(fake_control, tmp_path, monkeypatch):
+    s = MpsSession(tmp_path / "m").start()
+    monkeypatch.setenv("FAKE_MPS_RC", "1")
+    s.base_env = {**s.base_env, "FAKE_MPS_RC": "1"}
+    with pytest.warns(RuntimeWarning, match="quit to the MPS daemon .* failed \\(exit 1"):
+        s.stop()
+    assert not s.running
+
+
 def test_missing_binary_is_a_clear_error(tmp_path):
     with pytest.raises(RuntimeError, match="not found on PATH"):
         MpsSession(tmp_path / "m", control="no-such-mps-control-binary").start()

@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -158,8 +159,14 @@ class MpsSession:
         control = self._control_path()
         for d in (self.pipe_dir, self.log_dir):
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        out = self.runner([control, "-d"], env=daemon_env(self.pipe_dir, self.log_dir, self.base_env),
-                          capture_output=True, text=True, timeout=self.timeout_s)
+        try:
+            out = self.runner([control, "-d"], env=daemon_env(self.pipe_dir, self.log_dir, self.base_env),
+                              capture_output=True, text=True, timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            self.running = True  # it may have started before it hung: send it quit all the same
+            self.stop()
+            raise RuntimeError(f"{self.control} -d did not return within {self.timeout_s:g} s; quit was sent to "
+                               f"{self.pipe_dir} in case a daemon started") from None
         if out.returncode != 0:
             raise RuntimeError(f"{self.control} -d failed (exit {out.returncode}): "
                                f"{(out.stderr or out.stdout).strip() or 'no output'}; "
@@ -176,8 +183,16 @@ class MpsSession:
         self.running = False
         atexit.unregister(self.stop)
         control = shutil.which(self.control) or self.control
-        self.runner([control], input="quit\n", env=daemon_env(self.pipe_dir, self.log_dir, self.base_env),
-                    capture_output=True, text=True, timeout=self.timeout_s)
+        try:  # from atexit and signal handlers too: a failed quit is said, never raised
+            out = self.runner([control], input="quit\n", env=daemon_env(self.pipe_dir, self.log_dir, self.base_env),
+                              capture_output=True, text=True, timeout=self.timeout_s)
+            failed = f"exit {out.returncode}: {(out.stderr or out.stdout).strip()}" if out.returncode else ""
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            failed = str(exc)
+        if failed:
+            warnings.warn(f"quit to the MPS daemon in {self.pipe_dir} failed ({failed}); stop it with: "
+                          f"echo quit | CUDA_MPS_PIPE_DIRECTORY={self.pipe_dir} {self.control}",
+                          RuntimeWarning, stacklevel=2)
 
     # --- clients ---------------------------------------------------------------------------------
     def client_env(self) -> dict[str, str]:

@@ -88,7 +88,8 @@ class StaticStack:
         self.v[i].index_copy_(1, pos, v.contiguous())
         qg = q.reshape(s.kv_heads, group * t, s.head_dim)
         a = F.scaled_dot_product_attention(qg[None], self.k[i][None], self.v[i][None], attn_mask=mask)[0]
-        x = x + F.linear(a.view(s.heads, t, s.head_dim).transpose(0, 1).reshape(t, s.q_dim), L["o"])
+        # reshape, not view: on CUDA the memory-efficient kernel returns a transposed, non-contiguous output
+        x = x + F.linear(a.reshape(s.heads, t, s.head_dim).transpose(0, 1).reshape(t, s.q_dim), L["o"])
         h = rms_norm(x, L["post_norm"], eps)
         gate, up = F.linear(h, L["gate_up"]).chunk(2, dim=-1)
         return x + F.linear(F.silu(gate) * up, L["down"])
