@@ -43,7 +43,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from vllm_omni.bench.common import (
     BenchError, add_name, add_output, cpu_threads, folder_path, median, positive_int, require_vllm_plugin,
