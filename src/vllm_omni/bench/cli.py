@@ -55,8 +55,11 @@ def _results_folder_problem(args: argparse.Namespace) -> str | None:
     problem = store.folder_problem(folder)
     if problem is None:
         return None
-    given = "--output" if args.output is not None else f"${store.RESULTS_DIR_ENV}"
-    if args.output is None and not os.environ.get(store.RESULTS_DIR_ENV):
+    if args.output is not None:
+        given = "--output"
+    elif os.environ.get(store.RESULTS_DIR_ENV):
+        given = f"${store.RESULTS_DIR_ENV}"
+    else:
         given = "the checkout's results/"
     return f"results folder {folder} ({given}): {problem}; give a folder to write artifacts into"
 
