@@ -6,9 +6,11 @@ On a shared VM one vCPU's clock moves between periods: a chain of dependent adds
 nor other processes' load (``vllm_omni.results.host_load``) shows it. So the CPU benchmarks
 record ``run.core_clock_ghz = {"start": ..., "end": ...}``: each the median of a few short
 chains of dependent integer adds (``vo_clock_ghz`` in the native library) on the calling
-thread's core. Either is null where the native library cannot be built or the CPU is not
-x86-64. The CLI takes the start before the command runs (:func:`mark`) and the end as the
-artifact is written (:func:`since_mark`).
+thread's core, each adding a register, not an immediate: one Xeon's core folds chained adds of
+an immediate and ran them about four per cycle, which read as a 16 GHz clock. Either is null
+where the native library cannot be built or the CPU is not x86-64. The CLI takes the start
+before the command runs (:func:`mark`) and the end as the artifact is written
+(:func:`since_mark`).
 """
 
 from __future__ import annotations
