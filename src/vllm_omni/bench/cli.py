@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if timed or getattr(args, "native_kernels", False):
         try:
             native.q4_prefetch_groups()  # a bad setting stops the run before anything is built
+            native.f32_rows_setting()
         except ValueError as exc:
             print(f"vllm-omni-bench {args.command}: error: {exc}", file=sys.stderr)
             return 2

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from vllm_omni.cpu.frame import FrameLoop, StepStats, sync_enabled
-    from vllm_omni.cpu.native import q4_prefetch
+    from vllm_omni.cpu.native import kernel_settings
     from vllm_omni.cpu.placement import recorded_round_trip
     from vllm_omni.cpu.sampler import SamplerConfig, make_sampler
 
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             "greedy_residuals": args.greedy_residuals,
             "read_bandwidth_gbps": {k: round(v, 2) for k, v in bw.items()},
             "core_round_trip_ns": trips,
-            "q4_prefetch_groups": q4_prefetch() if args.impl == "fused" else None,
+            **kernel_settings(used=args.impl == "fused"),
             "step_stats_sync": sync_enabled(),
             "torch_threads": torch.get_num_threads(),
         },

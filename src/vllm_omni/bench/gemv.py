@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     from vllm_omni.cpu import gemv_speed as G
     from vllm_omni.cpu.bandwidth import working_set_read_bandwidth
-    from vllm_omni.cpu.native import isa, q4_prefetch
+    from vllm_omni.cpu.native import isa, kernel_settings
     from vllm_omni.cpu.predictor import FusedPredictor
     from vllm_omni.cpu.weights import random_predictor_weights
 
@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
                  "columns": ["GEMVs median", "GEMVs best / probe"]},
         run={"l2_bytes_per_core": l2, "l3_bytes": l3, "rounds": rounds, "pass_repeats_per_round": pass_reps,
              "pass_kv_position": PASS_POSITION, "native_isa": isa(args.variant), "variant": args.variant,
-             "q4_prefetch_groups": q4_prefetch(args.variant),
+             **kernel_settings(args.variant),
              "sets": run_info},
         notes=("GB/s = packed weight bytes (with their scales) decoded per second, 1e9 B/s. A sweep runs the "
                "GEMVs of every matrix of the set one after another, each ending in a barrier, inside one parallel "

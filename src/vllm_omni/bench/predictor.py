@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from vllm_omni.cpu.bandwidth import read_bandwidth_probes
-    from vllm_omni.cpu.native import isa, q4_prefetch
+    from vllm_omni.cpu.native import isa, kernel_settings
     from vllm_omni.cpu.placement import recorded_round_trip
     from vllm_omni.cpu.sampler import draw_uniforms
     from vllm_omni.cpu.weights import random_predictor_weights
@@ -274,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
                  "columns": ["pass median", "frame median", "pass / floor", "frame pass / floor"]},
         run={"bytes_per_pass": nbytes, "read_bandwidth_gbps": bandwidth,
              "native_isa": isa(args.variant) if "fused" in impls else None, "variant": args.variant,
-             "q4_prefetch_groups": q4_prefetch(args.variant) if "fused" in impls else None,
+             **kernel_settings(args.variant, used="fused" in impls),
              "rounds": rounds, "pass_warmup_per_round": pass_warmup, "pass_repeats_per_round": pass_reps,
              "frame_repeats_per_round": frame_reps,
              "pass_kv_position": PASS_POSITION, "reference_over_fused_pass": ref_vs_fused,

@@ -125,7 +125,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from vllm_omni.cpu.native import q4_prefetch
+    from vllm_omni.cpu.native import kernel_settings
 
     threads = resolve_threads(args.threads)
     set_threads(threads)
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         source=f"vllm-omni-bench talker ({args.impl})",
         compare={"tolerance": 0.15, "key_columns": ["layers"], "columns": ["median", "measured / floor"]},
         run={"read_bandwidth_gbps": gbps, "torch_threads": torch.get_num_threads(), "kv_cache": kv_cache_of(talker),
-             "q4_prefetch_groups": q4_prefetch() if args.impl == "fused" else None},
+             **kernel_settings(used=args.impl == "fused")},
         notes=("Random weights of the published shapes: speed does not depend on weight values. "
                "Each timed step appends to the KV cache, so the KV length grows by one per step; run.kv_cache is "
                "the fused talker's cache precision (null: the eager reference's, its activation dtype). The floor "

@@ -96,7 +96,8 @@ def build(variant: str = "native") -> Path:
     if variant not in VARIANT_FLAGS:
         raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANT_FLAGS)}")
     cxx = _compiler()
-    flags = BASE_FLAGS + VARIANT_FLAGS[variant]
+    rows = f32_rows_setting(variant)
+    flags = BASE_FLAGS + VARIANT_FLAGS[variant] + ((f"-DVO_F32_STREAMS={rows}",) if rows else ())
     key = _build_key(cxx, flags)
     out_dir = cache_dir()
     try:
@@ -178,6 +179,7 @@ _SIGNATURES = {
     "vo_clock_ghz": (ctypes.c_double, [_I64]),
     "vo_core_round_trip_ns": (ctypes.c_double, [_I64]),
     "vo_set_q4_prefetch": (_I32, [_I32]),
+    "vo_f32_streams": (_I32, []),
     "vo_gemv_sweeps": (_I32, [_I32, ctypes.POINTER(VoMat), _I32, P, _I64, P, _I32, _I32, P]),
     "vo_read_sweeps": (_I32, [_I32, ctypes.POINTER(VoMat), _I32, _I32, _I32, P, ctypes.POINTER(_I64)]),
 }
@@ -188,6 +190,11 @@ _Q4_PREFETCH: dict[str, int | None] = {}
 Q4_PREFETCH_ENV = "VLLM_OMNI_Q4_PREFETCH"
 # (x86 family, model) -> int4 groups ahead, where the AVX2 build's prefetch was measured to help
 Q4_PREFETCH_HOSTS = {(23, 1): 8}
+F32_ROWS_ENV = "VLLM_OMNI_F32_ROWS"
+F32_ROWS_CHOICES = (1, 2, 4)
+# (x86 family, model) -> fp32 rows read side by side by the native build, where more rows than
+# its default (one with AVX-512, four in the AVX2-only build) were measured to help
+F32_ROWS_HOSTS = {(6, 167): 4}
 
 
 def load(variant: str = "native") -> ctypes.CDLL:
@@ -233,15 +240,40 @@ def q4_prefetch_groups() -> int:
             raise ValueError(f"{Q4_PREFETCH_ENV}={text!r} is not a whole number of int4 groups from 0 to 64; "
                              "unset it for this host's default, or give 0 (no prefetch) or e.g. 8")
         return groups
+    return Q4_PREFETCH_HOSTS.get(_host_key(), 0)
+
+
+def _host_key() -> tuple[int, int] | None:
+    """This CPU's (x86 family, model), the key of the per-host kernel settings; None if unknown."""
     from vllm_omni.results.provenance import cpuinfo
 
     ident = cpuinfo()["cpu_id"] or ""
     parts = dict(p.split() for p in ident.split(", ") if len(p.split()) == 2)
     try:
-        key = (int(parts["family"]), int(parts["model"]))
+        return int(parts["family"]), int(parts["model"])
     except (KeyError, ValueError):
-        return 0
-    return Q4_PREFETCH_HOSTS.get(key, 0)
+        return None
+
+
+def f32_rows_setting(variant: str = "native") -> int | None:
+    """How many fp32 rows the GEMVs of the ``variant`` build are to read side by side, or None for
+    the build's default (``F32_STREAMS`` in the source: four in the AVX2-only build, one in the
+    others).
+
+    ``$VLLM_OMNI_F32_ROWS`` when set (1, 2 or 4), in every build; else, in the native build, the
+    count measured to help on this host's x86 family and model (``F32_ROWS_HOSTS``). On the Xeon
+    of family 6, model 167, four rows took the native fp32 pass 4 to 8 % less time than one at 1
+    and 2 threads (three pairs of runs, alternated), and two about as little as four; on the
+    Zen 4 host, with an earlier layout, one row did best (docs/analysis/cpu-kernels.md). The
+    count is a compile-time constant, so it enters the build's flags (``-DVO_F32_STREAMS``) and
+    its cache key. A row's result is the same whatever the count."""
+    text = os.environ.get(F32_ROWS_ENV)
+    if text is not None:
+        if text.strip() not in {str(n) for n in F32_ROWS_CHOICES}:
+            raise ValueError(f"{F32_ROWS_ENV}={text!r} is not one of {', '.join(map(str, F32_ROWS_CHOICES))} "
+                             "(fp32 rows read side by side); unset it for this host's default")
+        return int(text)
+    return F32_ROWS_HOSTS.get(_host_key()) if variant == "native" else None
 
 
 def q4_prefetch(variant: str = "native") -> int | None:
@@ -249,6 +281,15 @@ def q4_prefetch(variant: str = "native") -> int | None:
     has no such prefetch: what a benchmark records beside its timings."""
     load(variant)
     return _Q4_PREFETCH[variant]
+
+
+def kernel_settings(variant: str = "native", used: bool = True) -> dict[str, int | None]:
+    """The per-host settings in force in the loaded ``variant``, which a benchmark records beside
+    its timings: the int4 prefetch distance (``q4_prefetch``) and the fp32 rows read side by
+    side (``F32_STREAMS``); both null where the run did not use the kernels (``used``)."""
+    if not used:
+        return {"q4_prefetch_groups": None, "f32_rows": None}
+    return {"q4_prefetch_groups": q4_prefetch(variant), "f32_rows": load(variant).vo_f32_streams()}
 
 
 def isa(variant: str = "native") -> str:

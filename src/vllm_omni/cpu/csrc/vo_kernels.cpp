@@ -667,18 +667,29 @@ constexpr int TILE_ROWS = FMT == FMT_F32 ? 1 : ROW_TILE;
 
 // How many tiles (int8, int4) or rows (fp32) the GEMVs in format FMT read side by side, one read
 // stream each (for_tile_streams, tiles_dot): Q4_STREAMS int4 tiles (four in the AVX-512 build,
-// two in the AVX2 one, one in plain C); in the AVX2-only build two int8 tiles and four fp32
+// two in the AVX2 one, one in plain C); in the AVX2-only build two int8 tiles; F32_STREAMS fp32
 // rows; one elsewhere. On an AVX2-only development host
 // (first-generation EPYC, family 23 model 1), one core read a buffer about a third faster as
 // three or four streams than as one; pairs made the int8 pass about 14 % and the fp32 pass
 // about 20 % faster at 1 thread, and four fp32 rows a few percent more; on the AVX-512 one
-// (Zen 4) int8 tiles read fastest one stream per core (docs/analysis/cpu-kernels.md).
-template <int FMT>
-constexpr int STREAMS = FMT == FMT_I4 ? Q4_STREAMS :
-#if defined(VO_AVX2_ONLY)
-                                      FMT == FMT_F32 ? 4 : 2;
+// (Zen 4) int8 tiles and fp32 rows read fastest one stream per core (docs/analysis/cpu-kernels.md).
+// F32_STREAMS is VO_F32_STREAMS where the build defines it (1, 2 or 4: vllm_omni.cpu.native
+// chooses it per host, as it does the int4 prefetch), else four in the AVX2-only build and one
+// elsewhere.
+#if defined(VO_F32_STREAMS)
+constexpr int F32_STREAMS = VO_F32_STREAMS;
+#elif defined(VO_AVX2_ONLY)
+constexpr int F32_STREAMS = 4;
 #else
-                                      1;
+constexpr int F32_STREAMS = 1;
+#endif
+static_assert(F32_STREAMS == 1 || F32_STREAMS == 2 || F32_STREAMS == 4, "fp32 rows are read 1, 2 or 4 at a time");
+template <int FMT>
+constexpr int STREAMS = FMT == FMT_I4 ? Q4_STREAMS : FMT == FMT_F32 ? F32_STREAMS :
+#if defined(VO_AVX2_ONLY)
+                                                                  2;
+#else
+                                                                  1;
 #endif
 
 // out[i] = row r0 + i of m . a, for i < nr <= ROW_TILE (int8/int4: r0 is a tile's first row and
@@ -1317,6 +1328,9 @@ int32_t vo_set_q4_prefetch(int32_t groups) {
     return -1;
 #endif
 }
+
+// How many fp32 rows the GEMVs read side by side (F32_STREAMS): what a benchmark records.
+int32_t vo_f32_streams() { return F32_STREAMS; }
 
 int32_t vo_isa() {
 #if defined(VO_AVX512VNNI)
