@@ -240,6 +240,36 @@ def test_versions_name_the_build():
     assert "GGML_NATIVE=" in v["llama.cpp build"]
 
 
+@pytest.mark.parametrize(("info", "extra"), [
+    (b"CPU : AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 |", False),  # its AMX product crashed here
+    (b"CPU : AVX2 = 1 | AVX512 = 1 | REPACK = 1 |", True),
+])
+def test_extra_buffers_stay_off_where_the_cpu_backend_has_amx(monkeypatch, info, extra):
+    from types import SimpleNamespace
+
+    from vllm_omni.engines import llamacpp
+
+    monkeypatch.setattr(llamacpp, "_llama", lambda: SimpleNamespace(llama_print_system_info=lambda: info))
+    assert llamacpp.default_extra_buffers() is extra
+
+
+@engines
+def test_a_model_records_whether_it_used_extra_buffers(pweights, tmp_path):
+    from vllm_omni.engines import llamacpp
+    from vllm_omni.engines.gguf_export import export_predictor
+
+    g = export_predictor(pweights, tmp_path / "p-int4.gguf", "int4")
+    default = llamacpp.LlamaCppModel(g.path, threads=1)
+    off = llamacpp.LlamaCppModel(g.path, threads=1, extra_buffers=False)
+    try:
+        assert default.extra_buffers is llamacpp.default_extra_buffers() and off.extra_buffers is False
+        for m in (default, off):  # an int4 decode runs either way (with AMX, only without extra buffers)
+            m.decode(TOKENS[:2], 0)
+    finally:
+        default.close()
+        off.close()
+
+
 @engines
 def test_quick_benchmark_writes_an_artifact(tmp_path):
     from vllm_omni.bench.cli import main

@@ -19,11 +19,12 @@ torch = pytest.importorskip("torch")
 
 from vllm_omni.cpu import native  # noqa: E402
 from vllm_omni.cpu.gemv_speed import (  # noqa: E402
-    ROW_MULTIPLE, WeightSet, cache_bytes, gemv_sweep_seconds, pass_weight_set, read_sweep_seconds, weight_set,
+    ROW_MULTIPLE, WeightSet, gemv_sweep_seconds, pass_weight_set, read_sweep_seconds, weight_set,
 )
 from vllm_omni.cpu.hugepages import into_huge_arena  # noqa: E402
 from vllm_omni.cpu.predictor import vo_mat  # noqa: E402
 from vllm_omni.cpu.quant import quantize  # noqa: E402
+from vllm_omni.results.provenance import cache_bytes  # noqa: E402
 
 
 def _sweep_output(fmt, mats, x, threads=1):

@@ -119,8 +119,10 @@ def _describe(runner) -> tuple[int | None, str | None]:
     if nbytes is None and gguf is not None:
         nbytes = Path(gguf.path).stat().st_size
         model = getattr(runner, "model", None)
+        extra = "extra buffer types on" if getattr(model, "extra_buffers", True) else (
+            "extra buffer types off (AMX-INT8 host: llamacpp.default_extra_buffers)")
         settings = (f"n_threads={getattr(model, 'threads', None)}, llama.cpp defaults: F16 KV cache, "
-                    "flash attention auto")
+                    f"flash attention auto; {extra}")
     return nbytes, settings
 
 

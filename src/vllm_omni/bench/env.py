@@ -21,6 +21,13 @@ def host_slug() -> str:
     return f"{slug}-{provenance.usable_cpus()}c"
 
 
+def _size(nbytes: int | None) -> str | None:
+    """A cache size in MiB or KiB; a VM reports its host's cache, of which its vCPUs may get a share."""
+    if nbytes is None:
+        return None
+    return f"{nbytes / (1 << 20):g} MiB" if nbytes >= 1 << 20 else f"{nbytes / 1024:g} KiB"
+
+
 def gpu() -> str | None:
     """The CUDA device torch sees, loading torch to ask if it is installed: this command's
     artifact says what the host has. (Other provenance never loads torch just to look.)"""
@@ -48,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
         ["CPUs this process may use", str(provenance.usable_cpus())],
         ["ISA features", ", ".join(provenance.isa()) or None],
         ["memory (GiB, /proc/meminfo)", None if provenance.memory_gib() is None else f"{provenance.memory_gib():g}"],
+        ["L2 cache per core (as Linux reports it)", _size(provenance.cache_bytes(2))],
+        ["L3 cache (as Linux reports it)", _size(provenance.cache_bytes(3))],
         ["GPU", gpu()],
     ]
     rows += [[f"package {name}", version] for name, version in sorted(pkgs.items())]
@@ -59,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         rows=rows,
         model=None, weights=None, quantization=None, threads=provenance.usable_cpus(),
         source="vllm-omni-bench env",
-        notes="Read from /proc/cpuinfo, /proc/meminfo, os.sched_getaffinity and installed package metadata.",
+        notes=("Read from /proc/cpuinfo, /proc/meminfo, os.sched_getaffinity, the cache sizes under "
+               "/sys/devices/system/cpu/cpu0/cache and installed package metadata."),
     )
     return 0

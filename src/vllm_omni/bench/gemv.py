@@ -64,11 +64,12 @@ def run(args: argparse.Namespace) -> int:
     from vllm_omni.cpu.native import isa, kernel_settings
     from vllm_omni.cpu.predictor import FusedPredictor
     from vllm_omni.cpu.weights import random_predictor_weights
+    from vllm_omni.results import provenance
 
     fmts = parse_list(args.weights, FORMATS, "weights")
     counts = thread_counts(args)
     rounds = args.rounds or (1 if args.quick else 3)
-    l2, l3 = G.cache_bytes(2), G.cache_bytes(3)
+    l2, l3 = provenance.cache_bytes(2), provenance.cache_bytes(3)
     l2_used, l3_used = l2 or FALLBACK_L2, l3 or FALLBACK_L3
     pass_reps = 5 if args.quick else 20
 

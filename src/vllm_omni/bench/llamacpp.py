@@ -319,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
     run_base = {
         "llama.cpp system_info": ver.get("llama.cpp system_info"),
         "llama.cpp kv_type": args.kv_type, "llama.cpp flash_attn": "auto (llama.cpp's default)",
+        "llama.cpp use_extra_bufts": llamacpp.default_extra_buffers(),
         "rounds": rounds, "repeats_per_round": repeats,
     }
     tcs = "-".join(str(t) for t in counts)

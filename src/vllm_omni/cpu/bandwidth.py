@@ -22,8 +22,9 @@ the fused int4 pass on two threads outran the streaming probes. Where it is aske
 probe takes part in ``best``: a floor some pass beats is not a floor.
 
 All probes ask for transparent huge pages on their buffer before touching it, as the packed
-weights do (``vllm_omni.cpu.hugepages``). GB/s are 1e9 bytes per second. ``quick`` uses a 256 MiB buffer (still 8x the largest L3 of
-this machine kind) and fewer sweeps: for tests and doc examples, not for figures.
+weights do (``vllm_omni.cpu.hugepages``). GB/s are 1e9 bytes per second. ``quick`` uses a 256 MiB
+buffer and fewer sweeps: for tests and doc examples, not for figures (a Xeon here reports an L3
+of 480 MiB, larger than that buffer).
 """
 
 from __future__ import annotations

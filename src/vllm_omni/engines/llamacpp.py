@@ -107,11 +107,21 @@ def versions() -> dict[str, str | None]:
     }
 
 
+def default_extra_buffers() -> bool:
+    """Whether llama.cpp may put weights in its extra buffer types (AMX, repacked layouts), as it
+    does by default: not where its CPU backend reports AMX-INT8. There its AMX matrix product
+    (``ggml_backend_amx_mul_mat``) crashed the process at the first int8 or int4 decode, on the
+    2-core Xeon of family 6, model 167, a crash reported upstream as machine-dependent
+    (ggml-org/llama.cpp#20824). Without extra buffers its weights stay in their GGUF layout."""
+    return "AMX_INT8 = 1" not in _llama().llama_print_system_info().decode()
+
+
 class LlamaCppModel:
-    """One GGUF file loaded in one llama.cpp context (one sequence, CPU only)."""
+    """One GGUF file loaded in one llama.cpp context (one sequence, CPU only). ``extra_buffers``:
+    llama.cpp's ``use_extra_bufts``; None takes :func:`default_extra_buffers`."""
 
     def __init__(self, path: str | Path, *, threads: int, n_ctx: int = 512, n_batch: int | None = None,
-                 kv_type: str = "f16", flash_attn: str = "auto"):
+                 kv_type: str = "f16", flash_attn: str = "auto", extra_buffers: bool | None = None):
         L = _llama()
         self.L, self.path = L, Path(path)
         if threads < 1:
@@ -119,8 +129,10 @@ class LlamaCppModel:
         if kv_type not in KV_TYPES or flash_attn not in FLASH_ATTN:
             raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)} and flash_attn one of "
                              f"{', '.join(FLASH_ATTN)}; got {kv_type!r}, {flash_attn!r}")
+        self.extra_buffers = default_extra_buffers() if extra_buffers is None else bool(extra_buffers)
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = 0
+        mp.use_extra_bufts = self.extra_buffers
         self.model = L.llama_model_load_from_file(str(self.path).encode(), mp)
         if not self.model:
             raise EngineUnsupported(f"llama.cpp could not load {self.path}")

@@ -71,6 +71,24 @@ def memory_gib() -> float | None:
     return None
 
 
+def cache_bytes(level: int, cpu: int = 0) -> int | None:
+    """Size in bytes of the unified or data cache at ``level`` as Linux reports it for ``cpu``; None if unknown."""
+    root = Path(f"/sys/devices/system/cpu/cpu{cpu}/cache")
+    for index in sorted(root.glob("index*")):
+        try:
+            if int((index / "level").read_text()) != level or (index / "type").read_text().strip() == "Instruction":
+                continue
+            text = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        try:
+            return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+        except ValueError:
+            return None
+    return None
+
+
 def usable_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
