@@ -22,7 +22,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import statistics
-from pathlib import Path
 
 import torch
 

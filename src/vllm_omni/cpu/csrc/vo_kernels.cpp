@@ -672,7 +672,8 @@ constexpr int TILE_ROWS = FMT == FMT_F32 ? 1 : ROW_TILE;
 // (first-generation EPYC, family 23 model 1), one core read a buffer about a third faster as
 // three or four streams than as one; pairs made the int8 pass about 14 % and the fp32 pass
 // about 20 % faster at 1 thread, and four fp32 rows a few percent more; on the AVX-512 one
-// (Zen 4) int8 tiles and fp32 rows read fastest one stream per core (docs/analysis/cpu-kernels.md).
+// (Zen 4) int8 tiles read fastest one stream per core, and fp32 rows did with an earlier layout
+// (docs/analysis/cpu-kernels.md).
 // F32_STREAMS is VO_F32_STREAMS where the build defines it (1, 2 or 4: vllm_omni.cpu.native
 // chooses it per host, as it does the int4 prefetch), else four in the AVX2-only build and one
 // elsewhere.
