@@ -173,11 +173,21 @@ def test_shallow_stack_is_prefix_of_full_seed():
     assert not torch.equal(a.layers[0].q_proj, c.layers[0].q_proj)
 
 
-@pytest.mark.parametrize("fmt,tol", [("bf16", 0.1), ("int8", 0.1), ("int4", 0.25)])
-def test_quantized_linear_close_to_fp32(fmt, tol):
+# Relative error (Frobenius) of each format's linear against fp32, on Gaussian weights and inputs.
+# What the format gives, and what seeds 0-5 showed:
+# - bf16: 8 significant bits on weights, inputs and output, about 2^-9 per rounding: 0.27-0.31 %.
+# - int8 (torch's dynamic quantization): one scale for the whole weight (the largest of 131k
+#   Gaussian values, about 4.5 sigma, over 127 steps: about 1 % rms) and 7-bit per-tensor
+#   activations (about 2 %): 1.9-2.2 %.
+# - int4: 16 levels per group of 32 weights (the group's range, about 4 sigma, over 15 steps:
+#   about 8 % rms) with bf16 inputs: 7.9-8.7 %.
+# The upper bound leaves about 2.5-3x over the largest seen; the lower one, about a fifth of the
+# smallest, fails if a format's rounding is not in effect (its weights kept in fp32).
+@pytest.mark.parametrize("fmt,lo,hi", [("bf16", 5e-4, 0.01), ("int8", 4e-3, 0.05), ("int4", 0.015, 0.2)])
+def test_quantized_linear_close_to_fp32(fmt, lo, hi):
     w = torch.randn(256, 512, generator=torch.Generator().manual_seed(0)) * 0.02
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(1))
     want = x @ w.T
     got = ref.make_linear(w, fmt)(x.to(ref.act_dtype(fmt))).float()
     rel = (got - want).norm() / want.norm()
-    assert rel.item() < tol
+    assert lo < rel.item() < hi
