@@ -57,7 +57,8 @@ its rows took 1.9 ms (M=64) and 16 ms (M=512), and its fallback,
 :data:`NATIVE_MAX_ROWS` stays at the decode/prefill boundary until that is measured on more
 machines.
 
-:func:`kernel_calls` counts the op calls per path in this process (one per call, either path).
+:func:`kernel_calls` counts the op calls per path in this process (one per call, either path),
+and :func:`kernel_calls_by_rows` the same calls by their row count.
 
 A layer whose input size is not a multiple of 64, or whose output size is not a multiple of
 32 (the packing's constraints), keeps its unquantized weight and never reaches the op. Only linear layers are quantized; embeddings
@@ -104,6 +105,7 @@ _OP: Any = None  # torch.ops.vllm_omni.weight_only_linear once registered
 _native: Any = None  # the loaded ctypes library, False once loading failed
 _native_error: str | None = None
 _calls: collections.Counter = collections.Counter()
+_calls_by_rows: collections.Counter = collections.Counter()  # (path, rows) -> calls
 
 
 # --- the native path ------------------------------------------------------------------------------
@@ -200,8 +202,10 @@ def weight_only_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tens
         xf = x.float().contiguous()
         if in_kernel_range(xf):
             _calls["native"] += 1
+            _calls_by_rows["native", x.shape[0]] += 1
             return _vo_linear(_native, xf, qweight, scale, fmt).to(x.dtype)
     _calls["fallback"] += 1
+    _calls_by_rows["fallback", x.shape[0]] += 1
     return fallback_linear(x.contiguous(), qweight, scale, fmt)
 
 
@@ -215,8 +219,17 @@ def kernel_calls() -> dict[str, int]:
     return {"native": _calls["native"], "fallback": _calls["fallback"]}
 
 
+def kernel_calls_by_rows() -> dict[str, dict[int, int]]:
+    """The calls of :func:`kernel_calls` by path and by the call's row count: ``{"native": {rows: n}, ...}``."""
+    out: dict[str, dict[int, int]] = {"native": {}, "fallback": {}}
+    for (path, rows), n in sorted(_calls_by_rows.items()):
+        out[path][rows] = n
+    return out
+
+
 def reset_kernel_calls() -> None:
     _calls.clear()
+    _calls_by_rows.clear()
 
 
 def _register_op() -> str:
