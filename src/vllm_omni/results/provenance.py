@@ -7,6 +7,7 @@ metadata); nothing is guessed. A value that cannot be read is ``None``.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import os
 import platform
 import resource
@@ -96,20 +97,43 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+#: At most this many changed paths are listed in ``repo.changed``; the rest are counted.
+MAX_CHANGED_PATHS = 50
+
+
 def git_state(root: Path | None = None) -> dict[str, Any]:
-    """SHA of HEAD and whether the tree had uncommitted changes (ignoring results/)."""
+    """SHA of HEAD and whether the tree had uncommitted changes (ignoring results/).
+
+    When it had, two more fields say which: ``diff_sha256``, the SHA-256 of
+    ``git diff --binary HEAD`` over the tracked files (results/ left out), so that a run can
+    be tied to one exact diff; and ``changed``, the ``git status --porcelain`` lines of the
+    changed and untracked paths (untracked files are marked ``??``; their contents are in no
+    hash), at most :data:`MAX_CHANGED_PATHS` of them, then a line counting the rest. Either
+    is None when git cannot give it.
+    """
     root = root or repo_root()
 
-    def run(*args: str) -> str | None:
+    def run(*args: str, strip: bool = True) -> bytes | None:
         try:
-            out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
+            out = subprocess.run(["git", *args], cwd=root, capture_output=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             return None
-        return out.stdout.strip() if out.returncode == 0 else None
+        if out.returncode != 0:
+            return None
+        return out.stdout.strip() if strip else out.stdout
 
+    scope = ("--", ".", ":(exclude)results")
     sha = run("rev-parse", "HEAD")
-    status = run("status", "--porcelain", "--", ".", ":(exclude)results")
-    return {"sha": sha, "dirty": None if status is None else bool(status)}
+    status = run("status", "--porcelain", "--untracked-files=all", *scope, strip=False)
+    lines = None if status is None else [l for l in status.decode(errors="replace").splitlines() if l.strip()]
+    state: dict[str, Any] = {"sha": None if sha is None else sha.decode(),
+                             "dirty": None if lines is None else bool(lines)}
+    if state["dirty"]:
+        diff = run("diff", "--binary", "HEAD", *scope, strip=False)
+        state["diff_sha256"] = None if diff is None else hashlib.sha256(diff).hexdigest()
+        state["changed"] = lines[:MAX_CHANGED_PATHS] + (
+            [f"... and {len(lines) - MAX_CHANGED_PATHS} more"] if len(lines) > MAX_CHANGED_PATHS else [])
+    return state
 
 
 def package_versions(names: Iterable[str] = DEFAULT_PACKAGES) -> dict[str, str | None]:

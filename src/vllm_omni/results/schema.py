@@ -246,10 +246,20 @@ def validate(data: Any, path: str | Path = "<artifact>") -> Artifact:
     for name, version in builds.items():
         c.string(version, f"provenance.builds.{name}", nullable=True)
     if "repo" in prov:
-        repo = c.keys(prov["repo"], "provenance.repo", ("sha", "dirty"))
+        repo = c.keys(prov["repo"], "provenance.repo", ("sha", "dirty"), ("diff_sha256", "changed"))
         c.string(repo["sha"], "provenance.repo.sha", nullable=True)
         if repo["dirty"] is not None and not isinstance(repo["dirty"], bool):
             c.fail("provenance.repo.dirty", f"expected true, false or null, got {_type_name(repo['dirty'])}")
+        if repo["dirty"] is not True and ("diff_sha256" in repo or "changed" in repo):
+            c.fail("provenance.repo", "diff_sha256 and changed describe a dirty tree; dirty is not true")
+        if "diff_sha256" in repo:
+            digest = repo["diff_sha256"]
+            if digest is not None and not (isinstance(digest, str) and len(digest) == 64
+                                           and all(ch in "0123456789abcdef" for ch in digest)):
+                c.fail("provenance.repo.diff_sha256", f"expected 64 lowercase hex digits or null, got {digest!r}")
+        if "changed" in repo and not (isinstance(repo["changed"], list)
+                                      and all(isinstance(x, str) for x in repo["changed"])):
+            c.fail("provenance.repo.changed", "expected a list of strings")
     if "argv" in prov and not (isinstance(prov["argv"], list) and all(isinstance(a, str) for a in prov["argv"])):
         c.fail("provenance.argv", "expected a list of strings")
     for key in ("packages", "run"):
