@@ -193,3 +193,22 @@ def test_the_summary_follows_a_flipped_verdict(tmp_path):
     after = group(targets.scoreboard(root))
     assert (after["runs"], after["runs met"]) == (before["runs"], before["runs met"] + 1)
     assert after["best"] == 1.25 < before["best"]
+
+
+def test_clock_readings_no_core_runs_at_are_marked_invalid():
+    """The probe error of the 2-core Xeon's first runs (about 14 GHz) is marked in the scoreboard
+    itself; every other recorded clock is left unmarked."""
+    clocked = [r for r in rows() if r["clock at start"] is not None]
+    bad = [r for r in clocked if max(r["clock at start"], r["clock at end"]) > targets.CLOCK_MAX_GHZ]
+    assert bad and all(r["clock note"] == targets.CLOCK_INVALID for r in bad)
+    assert {r["commit"] for r in bad} == {"70ede71"}
+    assert all(r["clock note"] is None for r in rows() if r not in bad)
+    assert all(13 < r[k] < 15 for r in bad for k in ("clock at start", "clock at end"))
+
+
+def test_a_clock_reading_above_the_bound_is_marked_on_any_run(tmp_path):
+    root = _copy(tmp_path)
+    art_id = "cpu-path/predictor-both-int8-t1-2-zen1"
+    _edit(root, art_id, lambda d: d["provenance"]["run"].update(core_clock_ghz={"start": 2.1, "end": 9.0}))
+    board = [r for r in rows(targets.scoreboard(root)) if r["artifact"] == art_id]
+    assert board and all(r["clock note"] == targets.CLOCK_INVALID and r["clock at end"] == 9.0 for r in board)
