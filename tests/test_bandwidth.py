@@ -45,11 +45,13 @@ def test_working_set_sweeps_are_each_sweep_of_the_probe():
 def test_bench_bandwidth_writes_a_valid_artifact(tmp_path):
     from vllm_omni.bench.cli import main
 
-    assert main(["bandwidth", "--quick", "--threads", "1", "--output", str(tmp_path)]) == 0
+    assert main(["bandwidth", "--quick", "--threads", "2", "--output", str(tmp_path)]) == 0
     path = tmp_path / "cpu-path" / "read-bandwidth-quick.json"
     data = json.loads(path.read_text())
     assert data["origin"] == "measured"
-    assert data["rows"][0][0] == 1 and data["rows"][0][3] > 0
+    assert [r[0] for r in data["rows"]] == [1, 2] and all(r[3] > 0 for r in data["rows"])
+    # the provenance names every thread count it has a row for, not the highest alone
+    assert data["provenance"]["threads"] == data["provenance"]["host"]["cores_used"] == "1,2"
 
 
 def test_bench_name_picks_the_file_and_bad_names_are_refused_before_measuring(tmp_path, capsys):

@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
             {"name": "best", "unit": "GB/s", "type": "number", "format": ".1f"},
         ],
         rows=rows,
-        model=None, weights=None, quantization=None, threads=top,
+        # every thread count probed, as the predictor's sweeps record theirs ("1,2"), not the highest alone
+        model=None, weights=None, quantization=None, threads=",".join(str(t) for t in range(1, top + 1)),
         source="vllm-omni-bench bandwidth",
         compare={"tolerance": 0.15, "key_columns": ["threads"], "columns": ["best"]},
         notes=("Best of several sweeps over a "
