@@ -137,3 +137,41 @@ def test_a_missing_compiler_is_one_line_for_every_command_that_builds_kernels(tm
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr and "no-such-cxx" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "out").exists()
+
+
+def test_help_says_where_artifacts_go_and_how_to_write_elsewhere(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--output DIR, else $VLLM_OMNI_RESULTS_DIR, else the checkout's results/ folder, whose files are committed" in text
+    assert 'VLLM_OMNI_RESULTS_DIR="$(mktemp -d)" vllm-omni-bench COMMAND' in text
+    for name, sub in _subparsers().items():
+        output = [a for a in sub._actions if "--output" in a.option_strings]
+        if output:
+            assert "whose files are committed" in output[0].help, name
+
+
+@pytest.mark.parametrize("where", ["--output", "VLLM_OMNI_RESULTS_DIR", "default"])
+def test_each_written_file_is_printed_with_the_setting_that_sent_it_there(where, tmp_path, monkeypatch, capsys):
+    """`audit` writes two computed artifacts without measuring anything: each gets its line."""
+    from vllm_omni.bench import common
+    from vllm_omni.results import store
+
+    monkeypatch.delenv("VLLM_OMNI_RESULTS_DIR", raising=False)
+    argv = ["audit"]
+    if where == "--output":
+        argv += ["--output", str(tmp_path)]
+    elif where == "VLLM_OMNI_RESULTS_DIR":
+        monkeypatch.setenv("VLLM_OMNI_RESULTS_DIR", str(tmp_path))
+    else:  # the default, the checkout's results/, stood in for by a scratch folder
+        (tmp_path / "results").mkdir()
+        monkeypatch.setattr(store, "default_results_dir", lambda: tmp_path / "results")
+        assert common.written("x.json", None).endswith(
+            "(the checkout's committed results/: pass --output DIR or set $VLLM_OMNI_RESULTS_DIR to write elsewhere)")
+    assert cli.main(argv) == 0
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("wrote ")]
+    folder = tmp_path / "results" if where == "default" else tmp_path
+    assert [l.split()[1] for l in lines] == [str(folder / "audit" / "claims.json"), str(folder / "audit" / "verdicts.json")]
+    label = {"--output": "(--output)", "VLLM_OMNI_RESULTS_DIR": "($VLLM_OMNI_RESULTS_DIR)",
+             "default": "(the checkout's committed results/"}[where]
+    assert all(label in l for l in lines)

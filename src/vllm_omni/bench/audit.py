@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from vllm_omni.bench.common import add_output, computed_provenance
+from vllm_omni.bench.common import add_output, computed_provenance, written
 from vllm_omni.results import store
 from vllm_omni.results.schema import validate
 
@@ -109,5 +109,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"{kind}: {count}" + (f" ({ids})" if ids and kind != "holds" else ""))
     if not args.no_write:
         for path in store.write_all([claims, verdicts], args.output):
-            print(f"wrote {path}")
+            print(written(path, args.output))
     return 0

@@ -40,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-omni-bench",
         description="Benchmarks and generators that write result artifacts (see docs/reference/cli.md).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the epilog's command stays on one line
+        epilog=(f"Where artifacts go: --output DIR, else ${store.RESULTS_DIR_ENV}, else the checkout's\n"
+                "results/ folder, whose files are committed and published. For a trial run, write\n"
+                "elsewhere:\n\n"
+                f'  {store.RESULTS_DIR_ENV}="$(mktemp -d)" vllm-omni-bench COMMAND ...\n\n'
+                "Each command prints every file it wrote and which of the three sent it there."),
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:

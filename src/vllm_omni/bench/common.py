@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import datetime as _dt
 import math
+import os
 import re
 import statistics
 import sys
@@ -88,8 +89,22 @@ def computed_provenance(command: str, *, source: str, model: str | None, weights
 def add_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output", type=Path, default=None,
-        help=f"results folder to write into (default: ${store.RESULTS_DIR_ENV} or <repo>/results)",
+        help=(f"results folder to write into (default: ${store.RESULTS_DIR_ENV}, else the checkout's "
+              "results/, whose files are committed; give a scratch folder for a trial run)"),
     )
+
+
+def written(path: str | Path, output: str | Path | None) -> str:
+    """The line a command prints for an artifact it wrote: the file, and which folder setting sent
+    it there (the checkout's committed results/ is named as such, with how to write elsewhere)."""
+    if output is not None:
+        where = "--output"
+    elif os.environ.get(store.RESULTS_DIR_ENV):
+        where = f"${store.RESULTS_DIR_ENV}"
+    else:
+        where = (f"the checkout's committed results/: pass --output DIR or set ${store.RESULTS_DIR_ENV} "
+                 "to write elsewhere")
+    return f"wrote {path} ({where})"
 
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -294,5 +309,5 @@ def write_measured(
             data[key] = value
     validate(data)
     path = store.write(data, getattr(args, "output", None))
-    print(f"wrote {path}")
+    print(written(path, getattr(args, "output", None)))
     return path

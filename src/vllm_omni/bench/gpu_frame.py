@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from vllm_omni import mps
 from vllm_omni.bench.common import (
-    BenchError, add_name, add_output, gpu_slug, named_id, nonnegative_int, positive_int, positive_number,
+    BenchError, add_name, add_output, gpu_slug, named_id, nonnegative_int, positive_int, positive_number, written,
 )
 from vllm_omni.bench.talker import add_model_args, id_suffix, talker_layers
 from vllm_omni.models import get_model
@@ -250,4 +250,4 @@ def _write(args: argparse.Namespace, config: dict[str, Any], info: dict[str, Any
                     "columns": ["talker step", "predictor frame", "frame", "RTF"]},
     }
     validate(data)
-    print(f"wrote {store.write(data, args.output)}")
+    print(written(store.write(data, args.output), args.output))

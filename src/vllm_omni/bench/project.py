@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from vllm_omni.bench.common import BenchError, add_output, computed_provenance
+from vllm_omni.bench.common import BenchError, add_output, computed_provenance, written
 from vllm_omni.models import MODELS, WEIGHT_FORMATS, get_model
 from vllm_omni.models.counts import frame_breakdown
 from vllm_omni.projection import (
@@ -283,5 +283,5 @@ def run(args: argparse.Namespace) -> int:
         print(markdown_table(validate(data)))
     if not args.no_write:
         for path in store.write_all(arts, args.output):
-            print(f"wrote {Path(path)}")
+            print(written(Path(path), args.output))
     return 0
