@@ -1,7 +1,8 @@
 # Two entry points, both doing their own set-up on a fresh machine (Python 3.11 with venv, pip,
 # make; g++ for the native kernels and llama.cpp's build):
 #   make serve   build .venv with what the site needs, serve it on 127.0.0.1:8000
-#   make test    build .venv with everything the tests need, run pytest, then a strict build
+#   make test    build .venv with everything the tests need (and .venv-official with the official
+#                qwen-tts for the equality tests), run pytest, then a strict build
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -34,6 +35,23 @@ $(VENV)/.test-installed: pyproject.toml | $(PY)
 	$(PY) -c "from vllm import LLM"
 	touch $(VENV)/.docs-installed $@
 
+# The official implementation (PyPI qwen-tts 0.1.1) in its own environment, for the equality tests
+# (tests/test_tts_official.py): it pins transformers 4.57.3, which vLLM's resolver does not
+# accept, so it never shares .venv. Its import of torchaudio (25 Hz tokenizer only, no build
+# for this torch) is served by a stub on the test's PYTHONPATH (tests/official/stubs). Pinned
+# to the versions the tests were checked with; gradio (the demo's) is left out.
+OFFICIAL_VENV ?= .venv-official
+OFFICIAL_PY := $(OFFICIAL_VENV)/bin/python
+OFFICIAL_DEPS := 'transformers==4.57.3' 'accelerate==1.12.0' 'librosa==0.11.0' 'soundfile==0.14.0' 'sox==1.5.0' \
+	'einops==0.8.2' 'onnxruntime==1.32.0' 'safetensors==0.8.0' 'tokenizers==0.22.2' 'numpy==2.4.6'
+$(OFFICIAL_VENV)/.installed: Makefile
+	python3 -m venv $(OFFICIAL_VENV)
+	$(OFFICIAL_PY) -m pip install --quiet --upgrade pip
+	$(OFFICIAL_PY) -m pip install --quiet --no-deps '$(TORCH)' --extra-index-url $(TORCH_INDEX)
+	$(OFFICIAL_PY) -m pip install --quiet '$(TORCH)' $(OFFICIAL_DEPS)
+	$(OFFICIAL_PY) -m pip install --quiet --no-deps 'qwen-tts==0.1.1'
+	touch $@
+
 # tests/test_browser.py drives Debian's headless chromium through chromedriver. Install both
 # when missing and we are root with apt-get; otherwise that test skips and names what is missing.
 browser:
@@ -45,8 +63,8 @@ browser:
 serve: $(VENV)/.docs-installed
 	$(VENV)/bin/mkdocs serve --dev-addr $(SERVE_ADDR)
 
-test: $(VENV)/.test-installed browser
-	$(VENV)/bin/pytest
+test: $(VENV)/.test-installed $(OFFICIAL_VENV)/.installed browser
+	VLLM_OMNI_OFFICIAL_PYTHON=$(OFFICIAL_PY) $(VENV)/bin/pytest
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 build: $(VENV)/.docs-installed

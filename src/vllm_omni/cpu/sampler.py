@@ -187,6 +187,20 @@ class _TalkerSampler:
     def sample(self, logits: Tensor) -> int:
         raise NotImplementedError
 
+    def greedy(self, logits: Tensor) -> int:
+        """The official greedy choice (``do_sample=False``): the repetition penalty, the suppressed
+        ids and the early-EOS ban still apply; temperature, top-k and top-p do not; then argmax."""
+        cfg = self.config
+        scores = logits.float().clone()
+        ids = self._seen_ids
+        if ids.numel():
+            s = scores[ids]
+            scores[ids] = torch.where(s < 0, s * cfg.repetition_penalty, s / cfg.repetition_penalty)
+        scores.index_fill_(0, self._suppressed, NEG_INF)
+        if len(self.history) < cfg.min_new_tokens:
+            scores[cfg.eos_id] = NEG_INF
+        return self._record(int(torch.argmax(scores)))
+
 
 class EagerSampler(_TalkerSampler):
     """A generic sampler: each processor is its own pass over the full vocabulary."""

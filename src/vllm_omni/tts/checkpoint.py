@@ -1,0 +1,143 @@
+"""Load an official Qwen3-TTS checkpoint directory: configs, tokenizer, and every weight checked.
+
+Why the checks come first: a folder with a missing file, a tensor whose shape disagrees with its
+config or an unknown model type is refused before any weight is converted, with the file and
+the tensor or field named. The weights come out as the plain fp32 dataclasses the fused kernels
+and the eager reference already take (``vllm_omni.cpu.weights``), so speech runs on the same
+code the benchmarks measure. The text embedding (151936 rows, 622 MB in bf16) stays in the
+file: a prompt reads only its own rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_omni.tts.config import CheckpointConfig, CheckpointError, load_config
+from vllm_omni.tts.layout import decoder_shapes, talker_shapes
+from vllm_omni.tts.text import TextTokenizer, load_tokenizer
+
+MODEL_FILE = "model.safetensors"
+DECODER_FILE = "speech_tokenizer/model.safetensors"
+FLOAT_DTYPES = ("F32", "BF16", "F16")
+
+
+class _TensorFile:
+    """One safetensors file whose tensors are checked against the shapes its config implies."""
+
+    def __init__(self, path: Path, shapes: dict[str, tuple[int, ...]]):
+        from safetensors import safe_open
+
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing (an official Qwen3-TTS checkpoint directory has it)")
+        try:
+            self.handle = safe_open(str(path), framework="pt")
+        except Exception as exc:  # noqa: BLE001 - the library's parse error, with the file named
+            raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
+        self.path = path
+        keys = set(self.handle.keys())
+        missing = [n for n in shapes if n not in keys]
+        if missing:
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            raise CheckpointError(f"{path}: tensor {missing[0]!r} is missing ({', '.join(missing[1:3]) or 'none else'}"
+                                  f"{more} too); the configs imply {len(shapes)} tensors")
+        for name, want in shapes.items():
+            sl = self.handle.get_slice(name)
+            got = tuple(sl.get_shape())
+            if got != want:
+                raise CheckpointError(f"{path}: tensor {name!r} has shape {list(got)}, but the configs imply "
+                                      f"{list(want)} (check config.json / speech_tokenizer/config.json)")
+            if sl.get_dtype() not in FLOAT_DTYPES:
+                raise CheckpointError(f"{path}: tensor {name!r} has dtype {sl.get_dtype()}, expected one of {FLOAT_DTYPES}")
+
+    def fp32(self, name: str):
+        return self.handle.get_tensor(name).float()
+
+    def rows(self, name: str, ids: list[int]):
+        """Rows ``ids`` of a 2-D tensor, read one by one from the file (fp32)."""
+        import torch
+
+        sl = self.handle.get_slice(name)
+        return torch.cat([sl[i:i + 1] for i in ids]).float() if ids else torch.empty(0, sl.get_shape()[1])
+
+
+@dataclass
+class TextWeights:
+    """The text side of the prompt: embedding rows read on demand, then the two-layer projection."""
+
+    file: _TensorFile
+    fc1_w: Any
+    fc1_b: Any
+    fc2_w: Any
+    fc2_b: Any
+
+    def project(self, ids: list[int]):
+        """``text_projection(text_embedding(ids))``: [len(ids), H_talker] fp32."""
+        import torch.nn.functional as F
+
+        x = self.file.rows("talker.model.text_embedding.weight", ids)
+        return F.linear(F.silu(F.linear(x, self.fc1_w, self.fc1_b)), self.fc2_w, self.fc2_b)
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: configs, tokenizer, talker, predictor, text projection and decoder weights."""
+
+    config: CheckpointConfig
+    tokenizer: TextTokenizer
+    talker: Any  # vllm_omni.cpu.weights.TalkerWeights
+    predictor: Any  # vllm_omni.cpu.weights.PredictorWeights
+    text: TextWeights
+    decoder: dict[str, Any]  # decoder.* tensors, fp32
+
+    @property
+    def path(self) -> Path:
+        return self.config.path
+
+
+def _block(f: _TensorFile, prefix: str):
+    from vllm_omni.cpu.weights import BlockWeights
+
+    a, m = f"{prefix}.self_attn", f"{prefix}.mlp"
+    return BlockWeights(
+        input_norm=f.fp32(f"{prefix}.input_layernorm.weight"), q_proj=f.fp32(f"{a}.q_proj.weight"),
+        k_proj=f.fp32(f"{a}.k_proj.weight"), v_proj=f.fp32(f"{a}.v_proj.weight"), q_norm=f.fp32(f"{a}.q_norm.weight"),
+        k_norm=f.fp32(f"{a}.k_norm.weight"), o_proj=f.fp32(f"{a}.o_proj.weight"),
+        post_norm=f.fp32(f"{prefix}.post_attention_layernorm.weight"), gate_proj=f.fp32(f"{m}.gate_proj.weight"),
+        up_proj=f.fp32(f"{m}.up_proj.weight"), down_proj=f.fp32(f"{m}.down_proj.weight"),
+    )
+
+
+def load_checkpoint(model_dir: str | Path) -> Checkpoint:
+    """Read and check ``model_dir``; CheckpointError (naming the file and the field) on any fault."""
+    import torch
+
+    from vllm_omni.cpu.weights import PredictorWeights, TalkerWeights
+
+    cfg = load_config(model_dir)
+    tokenizer = load_tokenizer(cfg)
+    spec = cfg.spec
+    f = _TensorFile(cfg.path / MODEL_FILE, talker_shapes(cfg))
+    d = _TensorFile(cfg.path / DECODER_FILE, decoder_shapes(cfg.decoder))
+    talker = TalkerWeights(
+        spec, [_block(f, f"talker.model.layers.{i}") for i in range(spec.talker.layers)],
+        f.fp32("talker.model.norm.weight"), f.fp32("talker.model.codec_embedding.weight"),
+        f.fp32("talker.codec_head.weight"),
+    )
+    cp = "talker.code_predictor"
+    groups = range(spec.residual_codebooks)
+    proj_w = proj_b = None
+    if spec.needs_projection:
+        proj_w, proj_b = f.fp32(f"{cp}.small_to_mtp_projection.weight"), f.fp32(f"{cp}.small_to_mtp_projection.bias")
+    predictor = PredictorWeights(
+        spec, [_block(f, f"{cp}.model.layers.{i}") for i in range(spec.predictor.layers)],
+        f.fp32(f"{cp}.model.norm.weight"),
+        torch.stack([f.fp32(f"{cp}.model.codec_embedding.{g}.weight") for g in groups]),
+        torch.stack([f.fp32(f"{cp}.lm_head.{g}.weight") for g in groups]), proj_w, proj_b,
+    )
+    tp = "talker.text_projection"
+    text = TextWeights(f, f.fp32(f"{tp}.linear_fc1.weight"), f.fp32(f"{tp}.linear_fc1.bias"),
+                       f.fp32(f"{tp}.linear_fc2.weight"), f.fp32(f"{tp}.linear_fc2.bias"))
+    decoder = {name: d.fp32(name) for name in decoder_shapes(cfg.decoder)}
+    return Checkpoint(cfg, tokenizer, talker, predictor, text, decoder)

@@ -1,0 +1,262 @@
+"""Code2wav, streaming: each frame's 16 codes become its 1920 samples as soon as they exist.
+
+The graph is the official 12 Hz decoder's (``Qwen3TTSTokenizerV2Decoder``): split-RVQ
+dequantisation, a causal k=3 conv, an 8-layer sliding-window transformer, two x2 upsamplers
+(transposed conv and ConvNeXt block), a k=7 conv, four SnakeBeta / transposed-conv / three
+ResidualUnit blocks (x8, x5, x4, x3), SnakeBeta, a k=7 conv to one channel and a clamp to ±1.
+
+What makes frame-by-frame output equal to one whole decode (within fp32 rounding) is the state
+each layer keeps between calls (shared reference ``code2wav.md`` §4):
+
+- every causal conv keeps the last ``(k - 1) * dilation`` samples of its input (zeros at the
+  start, which is the official left padding);
+- every causal transposed conv (kernel 2r, stride r) keeps the r output samples that the next
+  input still adds to (its carry), and adds its bias when a sample is final;
+- the transformer keeps, per layer, the keys and values of the last ``window - 1`` positions and
+  the absolute position of the next frame (RoPE and the window are absolute).
+
+``push`` takes any number of frames, so a caller chooses its chunking (one frame for the first
+audio, more per call later); the output does not depend on it beyond rounding. The official
+``decode`` is one forward up to 300 frames and re-decodes with 25 frames of left context beyond,
+so it equals this decoder up to 300 frames and only approximately after.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vllm_omni.tts.config import DecoderConfig
+
+
+def _rope(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    freqs = positions[:, None].float() * inv
+    emb = torch.cat([freqs, freqs], -1)
+    return emb.cos(), emb.sin()
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin
+
+
+def _rms(x: Tensor, w: Tensor, eps: float) -> Tensor:
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+class _Snake:
+    """SnakeBeta: x + 1/(exp(beta) + 1e-9) * sin(exp(alpha) * x)^2, per channel."""
+
+    def __init__(self, w: dict[str, Tensor], prefix: str):
+        self.a = torch.exp(w[f"{prefix}.alpha"])[:, None].contiguous()
+        self.inv_b = (1.0 / (torch.exp(w[f"{prefix}.beta"]) + 1e-9))[:, None].contiguous()
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return x + self.inv_b * torch.sin(x * self.a).pow(2)
+
+
+class _CausalConv:
+    """A causal conv that keeps its input tail: ``(k - 1) * dilation`` samples."""
+
+    def __init__(self, w: dict[str, Tensor], prefix: str, dilation: int = 1, groups: int = 1):
+        self.w, self.b = w[f"{prefix}.conv.weight"].contiguous(), w[f"{prefix}.conv.bias"].contiguous()
+        self.dilation, self.groups = dilation, groups
+        self.tail = (self.w.shape[-1] - 1) * dilation
+        self.channels = self.w.shape[1] * groups
+        self.reset()
+
+    def reset(self) -> None:
+        self.hist = torch.zeros(self.channels, self.tail)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """x: [C_in, T] -> [C_out, T]."""
+        full = torch.cat([self.hist, x], 1) if self.tail else x
+        if self.tail:
+            self.hist = full[:, -self.tail:].clone()
+        return F.conv1d(full[None], self.w, self.b, dilation=self.dilation, groups=self.groups)[0]
+
+
+class _CausalTransConv:
+    """ConvTranspose1d(k, stride r) with the last k - r samples dropped, streamed with an r-sample carry."""
+
+    def __init__(self, w: dict[str, Tensor], prefix: str, stride: int):
+        self.w, self.b = w[f"{prefix}.conv.weight"].contiguous(), w[f"{prefix}.conv.bias"][:, None].contiguous()
+        self.stride = stride
+        self.over = self.w.shape[-1] - stride  # output samples a later input still adds to
+        if self.over not in (0, stride):
+            raise ValueError(f"{prefix}: kernel {self.w.shape[-1]} with stride {stride} is not streamed here")
+        self.reset()
+
+    def reset(self) -> None:
+        self.carry = torch.zeros(self.w.shape[1], self.over)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        y = F.conv_transpose1d(x[None], self.w, None, stride=self.stride)[0]
+        n = x.shape[1] * self.stride
+        if self.over:
+            y[:, : self.over] += self.carry
+            self.carry = y[:, n:].clone()
+        return y[:, :n] + self.b
+
+
+class _Attention:
+    """One transformer layer's sliding-window self-attention with its KV tail."""
+
+    def __init__(self, w: dict[str, Tensor], prefix: str, dc: DecoderConfig):
+        a = f"{prefix}.self_attn"
+        self.q, self.k, self.v, self.o = (w[f"{a}.{n}_proj.weight"] for n in ("q", "k", "v", "o"))
+        self.heads, self.kv_heads, self.hd, self.window = dc.heads, dc.kv_heads, dc.head_dim, dc.sliding_window
+        self.reset()
+
+    def reset(self) -> None:
+        self.keys = torch.zeros(self.kv_heads, 0, self.hd)
+        self.values = torch.zeros(self.kv_heads, 0, self.hd)
+
+    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        t = x.shape[0]
+        q = _rotate(F.linear(x, self.q).view(t, self.heads, self.hd).transpose(0, 1), cos, sin)
+        k = _rotate(F.linear(x, self.k).view(t, self.kv_heads, self.hd).transpose(0, 1), cos, sin)
+        v = F.linear(x, self.v).view(t, self.kv_heads, self.hd).transpose(0, 1)
+        keys, values = torch.cat([self.keys, k], 1), torch.cat([self.values, v], 1)
+        past = self.keys.shape[1]
+        n = past + t
+        qi = torch.arange(t)[:, None] + past  # query i sits at key index past + i
+        kj = torch.arange(n)[None, :]
+        mask = (kj <= qi) & (kj > qi - self.window)
+        rep = self.heads // self.kv_heads
+        if rep > 1:
+            keys_r, values_r = keys.repeat_interleave(rep, 0), values.repeat_interleave(rep, 0)
+        else:
+            keys_r, values_r = keys, values
+        out = F.scaled_dot_product_attention(q[None], keys_r[None], values_r[None], attn_mask=mask[None, None])[0]
+        keep = self.window - 1
+        self.keys, self.values = keys[:, -keep:].clone(), values[:, -keep:].clone()
+        return F.linear(out.transpose(0, 1).reshape(t, self.heads * self.hd), self.o)
+
+
+class StreamingDecoder:
+    """Codes [n, 16] -> samples [n * 1920], keeping every layer's state between calls (see the module doc)."""
+
+    def __init__(self, weights: dict[str, Tensor], dc: DecoderConfig):
+        self.dc, s = dc, dc.spec
+        self.samples_per_frame = s.samples_per_frame
+        w = {k: v.float() for k, v in weights.items()}
+        q = "decoder.quantizer"
+
+        def book(part: str, i: int) -> Tensor:
+            cb = f"{q}.{part}.vq.layers.{i}._codebook"
+            return (w[f"{cb}.embedding_sum"] / w[f"{cb}.cluster_usage"].clamp(min=1e-5)[:, None]).contiguous()
+
+        self.first_book = book("rvq_first", 0)
+        self.rest_books = torch.stack([book("rvq_rest", i) for i in range(s.quantizers - 1)])  # [15, V, D/2]
+        self.first_proj = w[f"{q}.rvq_first.output_proj.weight"][:, :, 0].contiguous()
+        self.rest_proj = w[f"{q}.rvq_rest.output_proj.weight"][:, :, 0].contiguous()
+        self.pre_conv = _CausalConv(w, "decoder.pre_conv")
+        tr = "decoder.pre_transformer"
+        self.in_proj = (w[f"{tr}.input_proj.weight"], w[f"{tr}.input_proj.bias"])
+        self.out_proj = (w[f"{tr}.output_proj.weight"], w[f"{tr}.output_proj.bias"])
+        self.final_norm = w[f"{tr}.norm.weight"]
+        self.layers = []
+        for i in range(s.transformer_layers):
+            p = f"{tr}.layers.{i}"
+            self.layers.append({
+                "attn": _Attention(w, p, dc), "in_norm": w[f"{p}.input_layernorm.weight"],
+                "post_norm": w[f"{p}.post_attention_layernorm.weight"],
+                "attn_scale": w[f"{p}.self_attn_layer_scale.scale"], "mlp_scale": w[f"{p}.mlp_layer_scale.scale"],
+                "gate": w[f"{p}.mlp.gate_proj.weight"], "up": w[f"{p}.mlp.up_proj.weight"],
+                "down": w[f"{p}.mlp.down_proj.weight"],
+            })
+        self.upsample = []
+        for i, factor in enumerate(s.upsampling_ratios):
+            nx = f"decoder.upsample.{i}.1"
+            c = s.latent_dim
+            self.upsample.append({
+                "tconv": _CausalTransConv(w, f"decoder.upsample.{i}.0", factor),
+                "dw": _CausalConv(w, f"{nx}.dwconv", groups=c),
+                "norm": (w[f"{nx}.norm.weight"], w[f"{nx}.norm.bias"]),
+                "fc1": (w[f"{nx}.pwconv1.weight"], w[f"{nx}.pwconv1.bias"]),
+                "fc2": (w[f"{nx}.pwconv2.weight"] * w[f"{nx}.gamma"][:, None], w[f"{nx}.pwconv2.bias"] * w[f"{nx}.gamma"]),
+            })
+        self.conv_in = _CausalConv(w, "decoder.decoder.0")
+        self.blocks = []
+        for b, rate in enumerate(s.upsample_rates):
+            p = f"decoder.decoder.{b + 1}.block"
+            units = [(_Snake(w, f"{p}.{u + 2}.act1"), _CausalConv(w, f"{p}.{u + 2}.conv1", dilation=d),
+                      _Snake(w, f"{p}.{u + 2}.act2"), _CausalConv(w, f"{p}.{u + 2}.conv2"))
+                     for u, d in enumerate((1, 3, 9))]
+            self.blocks.append((_Snake(w, f"{p}.0"), _CausalTransConv(w, f"{p}.1", rate), units))
+        n = len(s.upsample_rates) + 1
+        self.snake_out = _Snake(w, f"decoder.decoder.{n}")
+        self.conv_out = _CausalConv(w, f"decoder.decoder.{n + 1}")
+        self.position = 0
+
+    def _convs(self) -> list[Any]:
+        out: list[Any] = [self.pre_conv, self.conv_in, self.conv_out]
+        for up in self.upsample:
+            out += [up["tconv"], up["dw"]]
+        for _, tconv, units in self.blocks:
+            out.append(tconv)
+            out += [u[1] for u in units] + [u[3] for u in units]
+        return out
+
+    def reset(self) -> None:
+        """Forget every layer's state: the next push starts a new utterance."""
+        for c in self._convs():
+            c.reset()
+        for layer in self.layers:
+            layer["attn"].reset()
+        self.position = 0
+
+    @torch.inference_mode()
+    def push(self, codes: Tensor) -> Tensor:
+        """The samples [n * 1920] (fp32 in -1..1) of the next ``n`` frames' codes [n, 16]."""
+        codes = torch.as_tensor(codes, dtype=torch.int64)
+        if codes.ndim != 2 or codes.shape[1] != self.dc.spec.quantizers:
+            raise ValueError(f"codes must be [frames, {self.dc.spec.quantizers}], got {list(codes.shape)}")
+        if codes.shape[0] == 0:
+            return torch.empty(0)
+        codes = codes.clamp(min=0)
+        if int(codes.max()) >= self.dc.spec.codebook_size:
+            raise ValueError(f"codes must be below {self.dc.spec.codebook_size}, got {int(codes.max())}")
+        t = codes.shape[0]
+        first = self.first_book[codes[:, 0]]
+        rest = self.rest_books[torch.arange(self.rest_books.shape[0])[None, :], codes[:, 1:]].sum(1)
+        x = (first @ self.first_proj.T + rest @ self.rest_proj.T).T  # [codebook_dim, T]
+        x = self.pre_conv(x).T  # [T, latent]
+        x = self._transformer(x).T  # [latent, T]
+        for up in self.upsample:
+            x = up["tconv"](x)
+            y = up["dw"](x).T
+            y = F.layer_norm(y, (y.shape[-1],), up["norm"][0], up["norm"][1], eps=1e-6)
+            y = F.linear(F.gelu(F.linear(y, *up["fc1"])), *up["fc2"])
+            x = x + y.T
+        x = self.conv_in(x)
+        for snake, tconv, units in self.blocks:
+            x = tconv(snake(x))
+            for act1, conv1, act2, conv2 in units:
+                x = x + conv2(act2(conv1(act1(x))))
+        wav = self.conv_out(self.snake_out(x))[0]
+        self.position += t
+        return wav.clamp(-1.0, 1.0)
+
+    def _transformer(self, x: Tensor) -> Tensor:
+        dc = self.dc
+        t = x.shape[0]
+        cos, sin = _rope(torch.arange(self.position, self.position + t), dc.head_dim, dc.rope_theta)
+        h = F.linear(x, *self.in_proj)
+        for layer in self.layers:
+            a = layer["attn"](_rms(h, layer["in_norm"], dc.rms_eps), cos, sin)
+            h = h + layer["attn_scale"] * a
+            m = _rms(h, layer["post_norm"], dc.rms_eps)
+            h = h + layer["mlp_scale"] * F.linear(F.silu(F.linear(m, layer["gate"])) * F.linear(m, layer["up"]),
+                                                  layer["down"])
+        return F.linear(_rms(h, self.final_norm, dc.rms_eps), *self.out_proj)
+
+    def decode(self, codes: Tensor) -> Tensor:
+        """A whole utterance in one call, from a fresh state."""
+        self.reset()
+        return self.push(codes)

@@ -1,0 +1,152 @@
+"""One pipeline, two faces: text in, 24 kHz audio chunks out as soon as they are made.
+
+``Speech.load(DIR)`` reads and checks a checkpoint, packs the talker and the predictor once for
+the fused kernels (fp32, int8 or int4), and builds the streaming decoder. ``Speech.stream(...)``
+then yields ``AudioChunk``s: the first after one frame (80 ms of audio), the next ones every
+``chunk_frames`` frames, each decoded from the state the decoder kept, so the concatenation is
+the whole utterance's decode. The command (``qwen3-tts-edge speak``) and the benchmarks call
+this same path.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from vllm_omni.cpu.checks import whole_number
+from vllm_omni.tts.checkpoint import Checkpoint, load_checkpoint
+from vllm_omni.tts.generate import CodeGenerator, GenerationStats, Sampling
+from vllm_omni.tts.prompt import build_prompt
+
+WEIGHT_FORMATS = ("fp32", "int8", "int4")
+
+
+@dataclass
+class AudioChunk:
+    """Samples (float32 in -1..1, 24 kHz) of frames ``first_frame .. first_frame + frames - 1``."""
+
+    samples: np.ndarray
+    first_frame: int
+    frames: int
+    ready_s: float  # seconds since the request started, when the chunk was ready
+
+
+@dataclass
+class SpeechStats:
+    """Where one utterance's time went (milliseconds), and when its first audio was ready."""
+
+    generation: GenerationStats = field(default_factory=GenerationStats)
+    decoder_ms: list[float] = field(default_factory=list)  # per frame (a chunk's time shared by its frames)
+    prompt_ms: float = 0.0
+    first_audio_s: float | None = None
+    total_s: float = 0.0
+    frames: int = 0
+
+    @property
+    def audio_s(self) -> float:
+        return self.frames * 0.08
+
+    @property
+    def rtf(self) -> float | None:
+        """Wall time over audio time (below 1 is faster than real time)."""
+        return self.total_s / self.audio_s if self.frames else None
+
+    def median_split(self) -> dict[str, float]:
+        """Median ms per frame of each part (talker, predictor, sampler, decoder, bookkeeping)."""
+        f = self.generation.frames
+        if not f:
+            return {}
+        pick = {k: statistics.median(getattr(x, f"{k}_ms") for x in f)
+                for k in ("talker", "predictor", "sampler", "bookkeeping")}
+        pick["decoder"] = statistics.median(self.decoder_ms) if self.decoder_ms else 0.0
+        return pick
+
+
+class Speech:
+    """A checkpoint ready to speak (see the module doc)."""
+
+    def __init__(self, ckpt: Checkpoint, weights: str = "int4", threads: int | None = None, max_positions: int = 2048):
+        import torch
+
+        from vllm_omni.cpu.predictor import default_threads
+        from vllm_omni.tts.decoder import StreamingDecoder
+
+        if weights not in WEIGHT_FORMATS:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
+        self.threads = default_threads() if threads is None else whole_number("threads", threads, 1, 1024)
+        torch.set_num_threads(self.threads)
+        self.ckpt, self.weights = ckpt, weights
+        self.generator = CodeGenerator(ckpt, weights, self.threads, max_positions=max_positions)
+        self.decoder = StreamingDecoder(ckpt.decoder, ckpt.config.decoder)
+        self.sample_rate = ckpt.config.decoder.spec.sample_rate
+        self.samples_per_frame = ckpt.config.decoder.spec.samples_per_frame
+        self.last_stats = SpeechStats()
+
+    @classmethod
+    def load(cls, model_dir: str | Path, weights: str = "int4", threads: int | None = None,
+             max_positions: int = 2048) -> "Speech":
+        if weights not in WEIGHT_FORMATS:  # before reading gigabytes
+            raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
+        if threads is not None:
+            whole_number("threads", threads, 1, 1024)
+        return cls(load_checkpoint(model_dir), weights, threads, max_positions)
+
+    @property
+    def speakers(self) -> list[str]:
+        return sorted(self.ckpt.config.speakers)
+
+    @property
+    def languages(self) -> list[str]:
+        return self.ckpt.config.supported_languages
+
+    def stream(self, text: str, *, speaker: str | None = None, language: str | None = "auto",
+               instruct: str | None = None, streaming_text: bool = True, greedy: bool | None = None, seed: int = 0,
+               max_frames: int | None = None, chunk_frames: int = 4) -> Iterator[AudioChunk]:
+        """Yield the utterance's audio chunk by chunk; ``last_stats`` holds its timings afterwards."""
+        import torch
+
+        start = time.perf_counter()
+        chunk_frames = whole_number("chunk_frames", chunk_frames, 1, 1000)
+        prompt = build_prompt(self.ckpt, text, speaker=speaker, language=language, instruct=instruct,
+                              streaming_text=streaming_text)
+        limit = self.ckpt.config.generation.max_new_tokens - 1
+        max_frames = limit if max_frames is None else whole_number("max_frames", max_frames, 1)
+        sampling = Sampling.from_checkpoint(self.ckpt, greedy=greedy, seed=seed)
+        stats = SpeechStats()
+        stats.prompt_ms = (time.perf_counter() - start) * 1e3
+        self.last_stats = stats
+        self.decoder.reset()
+        pending: list = []
+        first = 0
+
+        def flush() -> AudioChunk:
+            nonlocal first
+            t0 = time.perf_counter()
+            wav = self.decoder.push(torch.stack(pending)).numpy()
+            per = (time.perf_counter() - t0) * 1e3 / len(pending)
+            stats.decoder_ms += [per] * len(pending)
+            chunk = AudioChunk(wav, first, len(pending), time.perf_counter() - start)
+            if stats.first_audio_s is None:
+                stats.first_audio_s = chunk.ready_s
+            first += len(pending)
+            pending.clear()
+            return chunk
+
+        for codes in self.generator.generate(prompt, sampling, max_frames=max_frames, stats=stats.generation):
+            pending.append(codes)
+            stats.frames += 1
+            if stats.frames == 1 or len(pending) >= chunk_frames:
+                yield flush()
+        if pending:
+            yield flush()
+        stats.total_s = time.perf_counter() - start
+
+    def synthesize(self, text: str, **kw) -> np.ndarray:
+        """The whole utterance as one float32 array."""
+        parts = [c.samples for c in self.stream(text, **kw)]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)

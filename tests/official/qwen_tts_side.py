@@ -1,0 +1,89 @@
+"""The official implementation's side of the equality tests, run in its own environment.
+
+``qwen-tts`` 0.1.1 pins transformers 4.57.3, which the main environment does not have, so the
+tests run this file with the interpreter of ``.venv-official`` (built by ``make test``) and talk
+to it through files. It only calls the official package: it writes a checkpoint with the
+official classes, and it runs the official tokenizer, generate and decode on one.
+
+    python qwen_tts_side.py write DIR CONFIGS.json SEED
+    python qwen_tts_side.py run DIR REQUEST.json OUT.npz
+
+``write`` instantiates ``Qwen3TTSForConditionalGeneration`` and ``Qwen3TTSTokenizerV2Model``
+from the given configs, sets every parameter by name from ``vllm_omni.tts.random_weights`` (the
+same rule our writer uses; PYTHONPATH carries the project's ``src``), and saves them with
+``save_pretrained``; the JSON files are then written as the published checkpoints have them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def write(root: Path, configs_path: Path, seed: int) -> None:
+    from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
+    from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
+
+    from vllm_omni.tts.random_checkpoint import write_configs, write_tokenizer
+    from vllm_omni.tts.random_weights import init_tensor
+
+    configs = json.loads(configs_path.read_text())
+    torch.manual_seed(seed)
+    model = Qwen3TTSForConditionalGeneration(Qwen3TTSConfig(**configs["config.json"])).eval()
+    speech_cfg = dict(configs["speech_tokenizer/config.json"])
+    speech = Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(**speech_cfg)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(init_tensor(name, tuple(p.shape), seed))
+        for name, p in speech.named_parameters():
+            if name.startswith("decoder."):
+                p.copy_(init_tensor(name, tuple(p.shape), seed))
+    root.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(root, safe_serialization=True)
+    speech.save_pretrained(root / "speech_tokenizer", safe_serialization=True)
+    write_configs(root, configs)  # the published JSON (save_pretrained adds keys the loader refuses)
+    write_tokenizer(root)
+
+
+def run(root: Path, request_path: Path, out_path: Path) -> None:
+    from qwen_tts import Qwen3TTSModel
+
+    req = json.loads(request_path.read_text())
+    tts = Qwen3TTSModel.from_pretrained(str(root), device_map="cpu", dtype=torch.float32)
+    out: dict[str, np.ndarray] = {}
+    for i, text in enumerate(req.get("tokenize", [])):
+        ids = tts.processor(text=text, return_tensors="pt")["input_ids"][0]
+        out[f"ids_{i}"] = ids.numpy().astype(np.int64)
+    for i, p in enumerate(req.get("prompts", [])):
+        input_ids = tts._tokenize_texts([tts._build_assistant_text(p["text"])])
+        kwargs = tts._merge_generate_kwargs(do_sample=False, subtalker_dosample=False,
+                                            max_new_tokens=p["max_new_tokens"])
+        instruct = p.get("instruct")
+        instruct_ids = [tts._tokenize_texts([tts._build_instruct_text(instruct)])[0] if instruct else None]
+        codes, _ = tts.model.generate(input_ids=input_ids, instruct_ids=instruct_ids, languages=[p["language"]],
+                                      speakers=[p["speaker"]], non_streaming_mode=p["non_streaming_mode"], **kwargs)
+        out[f"codes_{i}"] = codes[0].numpy().astype(np.int64)
+        if len(codes[0]):
+            wavs, _ = tts.model.speech_tokenizer.decode([{"audio_codes": codes[0]}])
+            out[f"wav_codes_{i}"] = np.asarray(wavs[0], dtype=np.float32)
+    if req.get("decode"):
+        data = np.load(req["decode"])
+        for key in sorted(data.files):
+            wavs, sr = tts.model.speech_tokenizer.decode([{"audio_codes": torch.from_numpy(data[key])}])
+            out[f"wav_{key}"] = np.asarray(wavs[0], dtype=np.float32)
+            out["sample_rate"] = np.asarray(sr)
+    np.savez(out_path, **out)
+
+
+if __name__ == "__main__":
+    cmd, *args = sys.argv[1:]
+    if cmd == "write":
+        write(Path(args[0]), Path(args[1]), int(args[2]))
+    elif cmd == "run":
+        run(Path(args[0]), Path(args[1]), Path(args[2]))
+    else:
+        raise SystemExit(f"unknown command {cmd!r}")

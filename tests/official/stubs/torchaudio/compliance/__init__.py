@@ -1,0 +1,1 @@
+"""Part of the torchaudio stand-in (see ``torchaudio/__init__.py``)."""

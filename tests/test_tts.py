@@ -1,0 +1,296 @@
+"""Speech end to end on a small random-weight checkpoint in the official layout (our writer).
+
+What is checked here: the loader's refusals (each naming the file and the field), the prompt's
+refusals, the tokenizer's special ids and pre-tokenizer rule, the decoder's streaming state
+(frame by frame and in uneven chunks equal to one whole decode), reproducible sampling, the
+pipeline's audio length, and the command's WAV (complete, or absent after a failure). The
+comparison with the official implementation is tests/test_tts_official.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_omni.tts import cli
+from vllm_omni.tts.checkpoint import load_checkpoint
+from vllm_omni.tts.config import CheckpointError, load_config
+from vllm_omni.tts.decoder import StreamingDecoder
+from vllm_omni.tts.pipeline import Speech
+from vllm_omni.tts.prompt import PromptError, build_prompt
+from vllm_omni.tts.random_checkpoint import ADDED_TOKENS, FIRST_ADDED_ID, write_random_checkpoint
+from vllm_omni.tts.text import uses_fixed_split
+from vllm_omni.tts.wav import WavWriter, read_wav
+
+SHAPE = dict(talker_layers=2, predictor_layers=1, decoder_layers=1, text_hidden=256, decoder_dim=384)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    return write_random_checkpoint(tmp_path_factory.mktemp("tts") / "tiny", "0.6B", dtype="fp32", **SHAPE)
+
+
+@pytest.fixture(scope="session")
+def speech(tiny_dir) -> Speech:
+    return Speech.load(tiny_dir, weights="fp32", threads=2, max_positions=256)
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edit_json(path: Path, edit) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+# --- the checkpoint ---------------------------------------------------------------------------
+
+def test_config_reads_every_shape_from_the_files(tiny_dir):
+    cfg = load_config(tiny_dir)
+    assert cfg.family == "Qwen3-TTS-12Hz-0.6B-CustomVoice"
+    assert (cfg.spec.talker.layers, cfg.spec.talker.hidden, cfg.spec.predictor.layers) == (2, 1024, 1)
+    assert cfg.spec.text_hidden == 256 and cfg.decoder.spec.decoder_dim == 384
+    assert cfg.decoder.spec.samples_per_frame == 1920 and cfg.decoder.sliding_window == 72
+    assert "ryan" in cfg.speakers and "beijing_dialect" not in cfg.supported_languages
+
+
+@pytest.mark.parametrize("missing", ["config.json", "generation_config.json", "speech_tokenizer/config.json",
+                                     "model.safetensors", "speech_tokenizer/model.safetensors", "vocab.json"])
+def test_a_missing_file_is_named(tiny_dir, tmp_path, missing):
+    d = _copy(tiny_dir, tmp_path / "ck")
+    (d / missing).unlink()
+    with pytest.raises(CheckpointError, match=missing.replace(".", r"\.")):
+        load_checkpoint(d)
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda c: c.update(model_type="llama"), "model_type"),
+    (lambda c: c.update(tts_model_type="podcast"), "tts_model_type"),
+    (lambda c: c["talker_config"].update(num_key_value_heads=3), "talker_config.num_key_value_heads"),
+    (lambda c: c["talker_config"].pop("codec_eos_token_id"), "talker_config.codec_eos_token_id"),
+    (lambda c: c["talker_config"]["spk_is_dialect"].pop("ryan"), "talker_config.spk_is_dialect"),
+    (lambda c: c["talker_config"]["code_predictor_config"].update(hidden_size="big"),
+     "talker_config.code_predictor_config.hidden_size"),
+])
+def test_a_bad_config_field_is_named(tiny_dir, tmp_path, edit, field):
+    d = _copy(tiny_dir, tmp_path / "ck")
+    _edit_json(d / "config.json", edit)
+    with pytest.raises(CheckpointError, match=f"config.json: field '{field}'"):
+        load_config(d)
+
+
+def test_base_checkpoints_are_refused_with_what_is_missing(tiny_dir, tmp_path):
+    d = _copy(tiny_dir, tmp_path / "ck")
+    _edit_json(d / "config.json", lambda c: c.update(tts_model_type="base"))
+    with pytest.raises(CheckpointError, match="voice cloning from reference audio .* not supported yet"):
+        load_config(d)
+
+
+def test_a_shape_that_disagrees_with_its_config_is_named(tiny_dir, tmp_path):
+    d = _copy(tiny_dir, tmp_path / "ck")
+    _edit_json(d / "config.json", lambda c: c["talker_config"].update(intermediate_size=2048))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'talker\.model\.layers\.0\.mlp\.gate_proj"
+                                              r"\.weight' has shape \[3072, 1024\], but the configs imply \[2048, 1024\]"):
+        load_checkpoint(d)
+
+
+def test_a_missing_tensor_is_named(tiny_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    d = _copy(tiny_dir, tmp_path / "ck")
+    tensors = load_file(d / "speech_tokenizer" / "model.safetensors")
+    del tensors["decoder.pre_conv.conv.bias"]
+    save_file(tensors, d / "speech_tokenizer" / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"tensor 'decoder\.pre_conv\.conv\.bias' is missing"):
+        load_checkpoint(d)
+
+
+# --- the tokenizer and the prompt -------------------------------------------------------------
+
+def test_special_tokens_sit_at_their_published_ids(speech):
+    tok = speech.ckpt.tokenizer
+    for i, content in enumerate(ADDED_TOKENS):
+        assert tok.backend.token_to_id(content) == FIRST_ADDED_ID + i
+    ids = tok.encode("<|im_start|>assistant\nhi<|im_end|>")
+    assert ids[0] == 151644 and ids[-1] == 151645
+    assert tok.decode(ids) == "<|im_start|>assistant\nhi<|im_end|>"
+
+
+@pytest.mark.parametrize("version, fixed", [("4.57.3", True), ("4.57.2", False), ("4.50.0", False),
+                                            ("5.0.0", False), (None, True)])
+def test_the_official_pre_tokenizer_rule(version, fixed):
+    assert uses_fixed_split({} if version is None else {"transformers_version": version}) is fixed
+
+
+def test_prompt_layout_streaming_and_not(speech):
+    ck = speech.ckpt
+    body = len(ck.tokenizer.encode("<|im_start|>assistant\nHello there.<|im_end|>\n<|im_start|>assistant\n")) - 8
+    p = build_prompt(ck, "Hello there.", speaker="ryan", language="english")
+    # role 3 + (think, think_bos, lang, think_eos, speaker, pad) + first text token with bos
+    assert p.prefill.shape == (3 + 6 + 1, 1024) and p.trailing.shape[0] == body - 1 + 1
+    q = build_prompt(ck, "Hello there.", speaker="ryan", language="english", streaming_text=False)
+    assert q.prefill.shape[0] == 3 + 6 + body + 1 + 1 and q.trailing.shape[0] == 1
+    assert torch.equal(q.text_term(0), q.text_term(5))
+    assert build_prompt(ck, "x", speaker="ryan", language="auto").language_id is None
+    assert build_prompt(ck, "你好", speaker="eric", language="chinese").language_id == 2062  # a dialect speaker
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(text="", speaker="ryan"), "text is empty"),
+    (dict(text="  \n", speaker="ryan"), "text is empty"),
+    (dict(text="hi", speaker="nobody"), "unknown speaker 'nobody'; valid: aiden, dylan"),
+    (dict(text="hi"), "speaker is required"),
+    (dict(text="hi", speaker="ryan", language="klingon"), "unknown language 'klingon'; valid: auto, chinese"),
+    (dict(text="hi " * 50, speaker="ryan", max_text_tokens=10), "the maximum is 10"),
+])
+def test_bad_requests_are_refused_naming_the_parameter(speech, kw, match):
+    with pytest.raises(PromptError, match=match):
+        build_prompt(speech.ckpt, **kw)
+
+
+# --- the decoder ------------------------------------------------------------------------------
+
+def test_streaming_decode_equals_whole_decode(speech):
+    dec = StreamingDecoder(speech.ckpt.decoder, speech.ckpt.config.decoder)
+    codes = torch.randint(0, 2048, (90, 16), generator=torch.Generator().manual_seed(1))
+    whole = dec.decode(codes)
+    assert whole.shape == (90 * 1920,)
+    assert 0.01 < float(whole.std()) and float((whole.abs() >= 1).float().mean()) < 0.01  # audio, not clipping
+    dec.reset()
+    frames = torch.cat([dec.push(codes[i:i + 1]) for i in range(90)])
+    dec.reset()
+    cuts = [0, 1, 4, 11, 12, 40, 77, 90]  # uneven chunks, across the 72-frame window
+    chunks = torch.cat([dec.push(codes[a:b]) for a, b in zip(cuts, cuts[1:])])
+    assert float((frames - whole).abs().max()) < 1e-4
+    assert float((chunks - whole).abs().max()) < 1e-4
+    dec.reset()  # a new utterance starts from zero state
+    assert torch.equal(dec.push(codes[:3]), dec.decode(codes[:3]))
+
+
+def test_decoder_refuses_bad_codes(speech):
+    dec = StreamingDecoder(speech.ckpt.decoder, speech.ckpt.config.decoder)
+    with pytest.raises(ValueError, match=r"codes must be \[frames, 16\]"):
+        dec.push(torch.zeros(3, 15, dtype=torch.int64))
+    with pytest.raises(ValueError, match="below 2048"):
+        dec.push(torch.full((1, 16), 2048))
+
+
+# --- generation and the pipeline --------------------------------------------------------------
+
+def test_pipeline_streams_chunks_of_whole_frames(speech):
+    chunks = list(speech.stream("A short test sentence.", speaker="ryan", language="english", greedy=True,
+                                max_frames=9, chunk_frames=4))
+    st = speech.last_stats
+    total = sum(c.frames for c in chunks)
+    assert total == st.frames and 1 <= total <= 9
+    assert chunks[0].frames == 1 and all(c.frames <= 4 for c in chunks)
+    assert all(c.samples.shape == (c.frames * 1920,) for c in chunks)
+    assert st.first_audio_s == chunks[0].ready_s and st.first_audio_s <= st.total_s
+    assert len(st.generation.frames) == total and len(st.decoder_ms) == total
+
+
+def test_greedy_is_deterministic_and_seeds_reproduce(speech):
+    kw = dict(speaker="vivian", language="chinese", max_frames=12)
+    a = speech.synthesize("今天天气很好。", greedy=True, **kw)
+    b = speech.synthesize("今天天气很好。", greedy=True, **kw)
+    assert np.array_equal(a, b)
+    s1 = speech.synthesize("今天天气很好。", seed=7, **kw)
+    s2 = speech.synthesize("今天天气很好。", seed=7, **kw)
+    s3 = speech.synthesize("今天天气很好。", seed=8, **kw)
+    assert np.array_equal(s1, s2) and not (s1.shape == s3.shape and np.array_equal(s1, s3))
+
+
+def test_generation_stops_at_eos_and_drops_its_frame(speech, monkeypatch):
+    gen = speech.generator
+    real_step = gen.talker.step
+    calls = []
+
+    def eos_after_three(x):
+        logits, hidden = real_step(x)
+        calls.append(1)
+        if len(calls) >= 3:
+            logits = torch.full_like(logits, -10.0)
+            logits[2150] = 10.0
+        return logits, hidden
+
+    monkeypatch.setattr(gen.talker, "step", eos_after_three)
+    p = build_prompt(speech.ckpt, "hello", speaker="ryan")
+    from vllm_omni.tts.generate import GenerationStats, Sampling
+
+    stats = GenerationStats()
+    frames = list(gen.generate(p, Sampling(greedy=True), max_frames=50, stats=stats))
+    assert len(frames) == 3 and stats.stopped_at_eos and all(int(f[0]) != 2150 for f in frames)
+
+
+# --- the WAV and the command ------------------------------------------------------------------
+
+def test_an_interrupted_wav_leaves_nothing(tmp_path):
+    out = tmp_path / "x.wav"
+    with pytest.raises(RuntimeError):
+        with WavWriter(out, 24000) as w:
+            w.write(np.zeros(1920, dtype=np.float32))
+            raise RuntimeError("stop")
+    assert list(tmp_path.iterdir()) == []
+    with WavWriter(out, 24000) as w:
+        w.write(np.linspace(-1, 1, 3840, dtype=np.float32))
+    rate, x = read_wav(out)
+    assert rate == 24000 and x.shape == (3840,) and abs(x[0] + 1) < 1e-4 and abs(x[-1] - 1) < 1e-4
+
+
+def test_speak_writes_a_wav_of_whole_frames(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "hello.wav"
+    rc = cli.main(["speak", "--model", str(tiny_dir), "--text", "Hello, world.", "--speaker", "Ryan",
+                   "--language", "English", "--out", str(out), "--weights", "fp32", "--threads", "1",
+                   "--max-frames", "6", "--stream", "--quiet"])
+    assert rc == 0
+    rate, x = read_wav(out)
+    assert rate == 24000 and x.size % 1920 == 0 and 1 <= x.size // 1920 <= 6
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--text", "hi", "--speaker", "nobody"], "unknown speaker 'nobody'"),
+    (["--text", "hi", "--speaker", "ryan", "--language", "xx"], "unknown language 'xx'"),
+    (["--text", "", "--speaker", "ryan"], "the text is empty"),
+    (["--speaker", "ryan"], "give the words to speak"),
+])
+def test_speak_refuses_bad_input_and_writes_nothing(tiny_dir, tmp_path, capsys, args, match):
+    out = tmp_path / "x.wav"
+    assert cli.main(["speak", "--model", str(tiny_dir), "--out", str(out), *args]) == 2
+    assert match in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_speak_refuses_bad_paths_and_thread_counts(tiny_dir, tmp_path, capsys):
+    base = ["speak", "--text", "hi", "--speaker", "ryan"]
+    assert cli.main([*base, "--model", str(tmp_path / "none"), "--out", str(tmp_path / "x.wav")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+    assert cli.main([*base, "--model", str(tiny_dir), "--out", str(tmp_path / "no" / "x.wav")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert cli.main([*base, "--model", str(tiny_dir), "--out", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main([*base, "--model", str(tiny_dir), "--out", str(tmp_path / "x.wav"), "--threads", "0"])
+    assert "--threads: must be a whole number from 1 to 1024" in capsys.readouterr().err
+
+
+def test_the_installed_command_writes_a_random_checkpoint_and_speaks(tmp_path):
+    exe = Path(sys.executable).parent / "qwen3-tts-edge"
+    ck = tmp_path / "ck"
+    subprocess.run([exe, "random-checkpoint", "--out", ck, "--talker-layers", "1", "--predictor-layers", "1",
+                    "--decoder-layers", "1"], check=True, capture_output=True, text=True)
+    again = subprocess.run([exe, "random-checkpoint", "--out", ck], capture_output=True, text=True)
+    assert again.returncode == 2 and "exists" in again.stderr
+    proc = subprocess.run([exe, "speak", "--model", ck, "--text", "Hi.", "--speaker", "aiden", "--out", "-",
+                           "--max-frames", "3", "--threads", "2"], capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout[:4] == b"RIFF" and (len(proc.stdout) - 44) % (1920 * 2) == 0
