@@ -38,7 +38,7 @@ $(VENV)/.test-installed: pyproject.toml | $(PY)
 # The official implementation (PyPI qwen-tts 0.1.1) in its own environment, for the equality tests
 # (tests/test_tts_official.py): it pins transformers 4.57.3, which vLLM's resolver does not
 # accept, so it never shares .venv. Its import of torchaudio (25 Hz tokenizer only, no build
-# for this torch) is served by a stub on the test's PYTHONPATH (tests/official/stubs). Pinned
+# for this torch) is served by a stub on its PYTHONPATH (src/vllm_omni/testing/official/stubs). Pinned
 # to the versions the tests were checked with; gradio (the demo's) is left out.
 OFFICIAL_VENV ?= .venv-official
 OFFICIAL_PY := $(OFFICIAL_VENV)/bin/python

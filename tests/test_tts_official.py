@@ -1,9 +1,9 @@
 """Equal to the official implementation, on the same weights.
 
 The official ``qwen-tts`` 0.1.1 runs in its own environment (``.venv-official``, built by
-``make test``; it pins transformers 4.57.3) through ``tests/official/qwen_tts_side.py``. That
-side writes random-weight checkpoints with the official classes (published widths, fewer
-layers), then runs the official processor, ``generate`` (greedy, fp32) and ``decode``. This side
+``make test``; it pins transformers 4.57.3) through ``vllm_omni/testing/official/qwen_tts_side.py``. That
+side writes random-weight checkpoints with the official classes (published talker and predictor
+widths, fewer layers, a narrower text embedding and decoder), then runs the official processor, ``generate`` (greedy, fp32) and ``decode``. This side
 loads the same directories with our loader and compares:
 
 - token ids of the official processor, string by string;
@@ -16,7 +16,7 @@ loads the same directories with our loader and compares:
 
 torchaudio has no build for this torch; the official package imports it for its 25 Hz tokenizer
 only, so a stub that raises if anything in it is called stands on that side's path
-(tests/official/stubs). With ``VLLM_OMNI_OFFICIAL_PYTHON`` set (``make test`` sets it) a missing
+(``vllm_omni/testing/official/stubs``). With ``VLLM_OMNI_OFFICIAL_PYTHON`` set (``make test`` sets it) a missing
 environment fails these tests instead of skipping them.
 """
 
@@ -24,24 +24,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from vllm_omni.testing import official
 from vllm_omni.tts.checkpoint import load_checkpoint
 from vllm_omni.tts.decoder import StreamingDecoder
 from vllm_omni.tts.generate import CodeGenerator, Sampling
 from vllm_omni.tts.prompt import build_prompt
 from vllm_omni.tts.random_checkpoint import checkpoint_configs, write_random_checkpoint
 from vllm_omni.tts.text import assistant_text
-
-ROOT = Path(__file__).resolve().parent.parent
-SIDE = ROOT / "tests" / "official" / "qwen_tts_side.py"
-STUBS = ROOT / "tests" / "official" / "stubs"
-ENV = "VLLM_OMNI_OFFICIAL_PYTHON"
 
 pytestmark = pytest.mark.slow
 
@@ -66,35 +61,25 @@ TEXTS = [
 ]
 
 
-def official_python() -> Path:
-    given = os.environ.get(ENV)
-    exe = Path(given) if given else ROOT / ".venv-official" / "bin" / "python"
-    if not exe.exists():
-        if given:
-            pytest.fail(f"{ENV}={given}: no such interpreter (make test builds .venv-official)")
-        pytest.skip("the official qwen-tts environment is missing: `make test` builds .venv-official")
-    return exe
-
-
-def side(*args: object) -> None:
-    env = dict(os.environ, PYTHONPATH=f"{STUBS}{os.pathsep}{ROOT / 'src'}", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="2")
-    proc = subprocess.run([str(official_python()), str(SIDE), *map(str, args)], env=env, capture_output=True,
-                          text=True, timeout=1200)
-    assert proc.returncode == 0, f"the official side failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+@pytest.fixture(scope="session", autouse=True)
+def official_env():
+    """The official environment, or a skip naming what is missing (a failure when make test asked for it)."""
+    try:
+        return official.official_python()
+    except official.OfficialUnavailable as exc:
+        if os.environ.get(official.ENV):
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
 
 
 def write_official(root: Path, size: str, **shape) -> Path:
-    cfgs = root.parent / f"{root.name}-configs.json"
-    cfgs.write_text(json.dumps(checkpoint_configs(size, **shape)))
-    side("write", root, cfgs, 0)
-    return root
+    return official.write_official_checkpoint(root, checkpoint_configs(size, **shape))
 
 
 def run_official(root: Path, request: dict, work: Path) -> dict[str, np.ndarray]:
     req, out = work / f"{root.name}-request.json", work / f"{root.name}-out.npz"
     req.write_text(json.dumps(request))
-    side("run", root, req, out)
+    official.run_side("run", root, req, out, threads=2)
     with np.load(out) as data:
         return {k: data[k] for k in data.files}
 
@@ -106,8 +91,10 @@ def work(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def small(work):
-    """A 0.6B-width checkpoint (3 talker, 2 predictor, 2 decoder-transformer layers) and the official results."""
-    root = write_official(work / "small", "0.6B", talker_layers=3, predictor_layers=2, decoder_layers=2, text_hidden=256)
+    """A 0.6B-width talker and predictor (3 and 2 layers), a decoder of 2 transformer layers at half the
+    published conv width, and the official results on them."""
+    root = write_official(work / "small", "0.6B", talker_layers=3, predictor_layers=2, decoder_layers=2, text_hidden=256,
+                          decoder_dim=768)
     rng = np.random.default_rng(0)
     decode_in = work / "decode-in.npz"
     np.savez(decode_in, frames300=rng.integers(0, 2048, (300, 16)), frames330=rng.integers(0, 2048, (330, 16)))
@@ -158,7 +145,8 @@ def test_decoder_equals_the_official_decode_up_to_300_frames(small):
         assert float(np.abs(ref).std()) > 0.01
         assert np.abs(whole - ref).max() < 1e-4
         dec.reset()
-        stream = np.concatenate([dec.push(codes[j:j + 1]).numpy() for j in range(len(codes))])
+        cuts = [0, 1, 2, 4, 8, 16, 31, 71, 72, 73, 150, 299, 300]  # uneven chunks, across the 72-frame window
+        stream = np.concatenate([dec.push(codes[a:b]).numpy() for a, b in zip(cuts, cuts[1:])])
         assert np.abs(stream - ref).max() < 1e-4
     for i in range(len(PROMPTS_06)):  # the generated codes of each prompt, decoded by both
         if f"wav_codes_{i}" in res:

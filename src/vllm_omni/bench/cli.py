@@ -33,6 +33,7 @@ SUBCOMMAND_MODULES = (
     "compare",
     "audit",
     "targets",
+    "speak",
 )
 
 

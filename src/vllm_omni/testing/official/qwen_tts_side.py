@@ -1,12 +1,13 @@
 """The official implementation's side of the equality tests, run in its own environment.
 
 ``qwen-tts`` 0.1.1 pins transformers 4.57.3, which the main environment does not have, so the
-tests run this file with the interpreter of ``.venv-official`` (built by ``make test``) and talk
-to it through files. It only calls the official package: it writes a checkpoint with the
+tests and the end-to-end benchmark run this file with the interpreter of ``.venv-official``
+(built by ``make test``) and talk to it through files (``vllm_omni.testing.official``). It only calls the official package: it writes a checkpoint with the
 official classes, and it runs the official tokenizer, generate and decode on one.
 
     python qwen_tts_side.py write DIR CONFIGS.json SEED
     python qwen_tts_side.py run DIR REQUEST.json OUT.npz
+    python qwen_tts_side.py bench DIR REQUEST.json OUT.json
 
 ``write`` instantiates ``Qwen3TTSForConditionalGeneration`` and ``Qwen3TTSTokenizerV2Model``
 from the given configs, sets every parameter by name from ``vllm_omni.tts.random_weights`` (the
@@ -79,11 +80,56 @@ def run(root: Path, request_path: Path, out_path: Path) -> None:
     np.savez(out_path, **out)
 
 
+def bench(root: Path, request_path: Path, out_path: Path) -> None:
+    """Wall times of the official load, generate and decode (fp32, CPU), for the benchmark."""
+    import time
+
+    req = json.loads(request_path.read_text())
+    torch.set_num_threads(int(req["threads"]))
+    t0 = time.perf_counter()
+    from qwen_tts import Qwen3TTSModel
+
+    tts = Qwen3TTSModel.from_pretrained(str(root), device_map="cpu", dtype=torch.float32)
+    out = {"load_s": time.perf_counter() - t0, "threads": torch.get_num_threads(), "runs": [],
+           "versions": {"torch": torch.__version__}}
+    import qwen_tts
+    import transformers
+
+    out["versions"].update({"transformers": transformers.__version__,
+                            "qwen_tts": getattr(qwen_tts, "__version__", None) or "0.1.1"})
+    for p in req["prompts"]:
+        for _ in range(int(req.get("repeats", 1))):
+            input_ids = tts._tokenize_texts([tts._build_assistant_text(p["text"])])
+            kwargs = tts._merge_generate_kwargs(do_sample=req.get("do_sample"), subtalker_dosample=req.get("do_sample"),
+                                                max_new_tokens=p["max_new_tokens"])
+            t1 = time.perf_counter()
+            codes, _ = tts.model.generate(input_ids=input_ids, instruct_ids=[None], languages=[p["language"]],
+                                          speakers=[p["speaker"]], non_streaming_mode=p["non_streaming_mode"], **kwargs)
+            t2 = time.perf_counter()
+            wavs, _ = tts.model.speech_tokenizer.decode([{"audio_codes": codes[0]}])
+            t3 = time.perf_counter()
+            out["runs"].append({"text": p["text"], "non_streaming_mode": p["non_streaming_mode"],
+                                "frames": int(len(codes[0])), "samples": int(len(wavs[0])),
+                                "generate_s": t2 - t1, "decode_s": t3 - t2})
+    frames = int(req.get("decode_frames", 0))
+    if frames:
+        codes = torch.randint(0, 2048, (frames, 16), generator=torch.Generator().manual_seed(0))
+        times = []
+        for _ in range(int(req.get("repeats", 1))):
+            t1 = time.perf_counter()
+            tts.model.speech_tokenizer.decode([{"audio_codes": codes}])
+            times.append(time.perf_counter() - t1)
+        out["decode_only"] = {"frames": frames, "seconds": times}
+    out_path.write_text(json.dumps(out))
+
+
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
     if cmd == "write":
         write(Path(args[0]), Path(args[1]), int(args[2]))
     elif cmd == "run":
         run(Path(args[0]), Path(args[1]), Path(args[2]))
+    elif cmd == "bench":
+        bench(Path(args[0]), Path(args[1]), Path(args[2]))
     else:
         raise SystemExit(f"unknown command {cmd!r}")

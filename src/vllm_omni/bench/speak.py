@@ -1,0 +1,277 @@
+"""``vllm-omni-bench speak``: speech end to end -- time to first audio, RTF and where a frame goes.
+
+It runs the same path as ``qwen3-tts-edge speak`` (``vllm_omni.tts.pipeline.Speech``) on a
+checkpoint in the official layout: ``--model-dir``, or a random-weight checkpoint of the
+published shapes that it writes once into a cache folder. For every weight format, thread
+count and text mode it speaks a fixed text ``--repeats`` times, each utterance ``--frames``
+frames long (random weights rarely say EOS, so the length is fixed), and records the medians.
+With ``--official`` it also runs the official ``qwen-tts`` (fp32, its own environment) on the
+same checkpoint and host, and the decoder alone against the official decode, so the speed-ups
+are measured in one run, not quoted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from vllm_omni.bench.common import (
+    BenchError, add_name, add_output, folder_path, nonnegative_int, parse_list, positive_int, thread_counts,
+    write_measured,
+)
+
+TEXT = "Hello! This short sentence is spoken on two CPU cores, one frame at a time."
+SPEAKER, LANGUAGE = "ryan", "english"
+FORMATS = ("int4", "int8", "fp32")  # int4 first: the peak memory recorded with its rows is its own
+MODES = {"streaming": True, "non-streaming": False}
+CACHE_ENV = "VLLM_OMNI_CHECKPOINTS"
+QUICK_SHAPE = dict(talker_layers=2, predictor_layers=1, decoder_layers=1, text_hidden=256, decoder_dim=384)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("speak", help="speech end to end: time to first audio, RTF, a frame's split, vs qwen-tts")
+    p.add_argument("--model", choices=("0.6B", "1.7B"), default="0.6B", help="size of the random checkpoint")
+    p.add_argument("--model-dir", type=folder_path, default=None,
+                   help=f"a checkpoint directory (default: a random one of the published shapes, written once "
+                        f"under ${CACHE_ENV} or ~/.cache/vllm_omni/checkpoints)")
+    p.add_argument("--weights", default=",".join(FORMATS), help="comma-separated formats (default int4,int8,fp32)")
+    p.add_argument("--thread-counts", default=None, help="comma-separated thread counts (default: 1 and all usable)")
+    p.add_argument("--text-modes", default=",".join(MODES), help="streaming,non-streaming (default both)")
+    p.add_argument("--frames", type=positive_int, default=None, help="frames per utterance (default 40; --quick 3)")
+    p.add_argument("--repeats", type=positive_int, default=None, help="utterances per setting (default 3; --quick 1)")
+    p.add_argument("--official", action="store_true",
+                   help="also time the official qwen-tts (fp32) end to end and its decoder on the same checkpoint")
+    p.add_argument("--quick", action="store_true", help="a shallow checkpoint and a few frames: for doctests only")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random checkpoint")
+    add_name(p, "end-to-end", "speak-<model>")
+    add_output(p)
+    p.set_defaults(func=run, core_clock=True)
+
+
+def checkpoint_cache() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "vllm_omni" / "checkpoints"
+
+
+def random_checkpoint(size: str, seed: int, quick: bool, folder: Path | None = None) -> Path:
+    """A random checkpoint of ``size`` (published shapes; shallow with ``quick``), written once and reused."""
+    from vllm_omni.tts.random_checkpoint import write_random_checkpoint
+
+    name = f"qwen3-tts-{size}-random-seed{seed}" + ("-quick" if quick else "")
+    out = (folder or checkpoint_cache()) / name
+    if not (out / "speech_tokenizer" / "model.safetensors").is_file():
+        write_random_checkpoint(out, size, seed=seed, overwrite=True, **(QUICK_SHAPE if quick else {}))
+    return out
+
+
+def _peak_gib() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _ours(model_dir: Path, fmt: str, threads: int, modes: list[str], frames: int, repeats: int) -> list[dict]:
+    from vllm_omni.tts.pipeline import Speech
+
+    t0 = time.perf_counter()
+    speech = Speech.load(model_dir, weights=fmt, threads=threads, max_positions=512)
+    load_s = time.perf_counter() - t0
+    speech.synthesize(TEXT, speaker=SPEAKER, language=LANGUAGE, max_frames=2)  # warm-up
+    rows = []
+    for mode in modes:
+        runs = []
+        for r in range(repeats):
+            speech.synthesize(TEXT, speaker=SPEAKER, language=LANGUAGE, streaming_text=MODES[mode], seed=r,
+                              max_frames=frames)
+            runs.append(speech.last_stats)
+        split = [s.median_split() for s in runs]
+        part = {k: _median([s[k] for s in split]) for k in split[0]}
+        rows.append({
+            "impl": "this project", "weights": fmt, "threads": threads, "mode": mode,
+            "first_audio_ms": _median([s.first_audio_s * 1e3 for s in runs]),
+            "first_audio_range": [min(s.first_audio_s for s in runs) * 1e3, max(s.first_audio_s for s in runs) * 1e3],
+            "prefill_ms": _median([s.generation.prefill_ms for s in runs]),
+            "prefill_positions": runs[0].generation.prefill_positions,
+            **{f"{k}_ms": v for k, v in part.items()},
+            "frame_ms": sum(part.values()),
+            "rtf": _median([s.rtf for s in runs]),
+            "rtf_range": [min(s.rtf for s in runs), max(s.rtf for s in runs)],
+            "frames": runs[0].frames, "load_s": load_s, "peak_rss_gib": _peak_gib(),
+        })
+    del speech
+    gc.collect()
+    return rows
+
+
+def _decoder_alone(model_dir: Path, threads: int, frames: int, repeats: int) -> dict[str, float]:
+    """Our decoder's ms per frame: one frame per call, four per call, and the whole utterance in one call."""
+    import torch
+
+    from vllm_omni.tts.checkpoint import load_checkpoint
+    from vllm_omni.tts.decoder import StreamingDecoder
+
+    torch.set_num_threads(threads)
+    ck = load_checkpoint(model_dir)
+    dec = StreamingDecoder(ck.decoder, ck.config.decoder)
+    codes = torch.randint(0, 2048, (frames, 16), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for label, chunk in (("1 frame per call", 1), ("4 frames per call", 4), ("whole utterance", frames)):
+        times = []
+        dec.decode(codes[:4])
+        for _ in range(repeats):
+            dec.reset()
+            t0 = time.perf_counter()
+            for a in range(0, frames, chunk):
+                dec.push(codes[a:a + chunk])
+            times.append((time.perf_counter() - t0) * 1e3 / frames)
+        out[label] = _median(times)
+    return out
+
+
+def _official(model_dir: Path, threads: int, modes: list[str], frames: int, repeats: int, decode_frames: int) -> dict:
+    from vllm_omni.testing import official
+
+    with tempfile.TemporaryDirectory(prefix="vo-official-bench-") as tmp:
+        req, out = Path(tmp) / "request.json", Path(tmp) / "out.json"
+        prompts = [dict(text=TEXT, speaker=SPEAKER, language=LANGUAGE, non_streaming_mode=not MODES[m],
+                        max_new_tokens=frames + 1) for m in modes]
+        req.write_text(json.dumps({"prompts": prompts, "repeats": repeats, "threads": threads, "do_sample": True,
+                                   "decode_frames": decode_frames}))
+        official.run_side("bench", model_dir, req, out, threads=threads, timeout=3600)
+        return json.loads(out.read_text())
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from vllm_omni.testing import official
+    from vllm_omni.tts.config import load_config
+    from vllm_omni.tts.text import assistant_text
+
+    formats = parse_list(args.weights, FORMATS, "weights")
+    formats = [f for f in FORMATS if f in formats]
+    modes = parse_list(args.text_modes, tuple(MODES), "text-modes")
+    counts = thread_counts(args) if args.thread_counts else sorted({1, thread_counts(args)[0]})
+    frames = args.frames or (3 if args.quick else 40)
+    repeats = args.repeats or (1 if args.quick else 3)
+    if args.official:
+        try:
+            official.official_python()
+        except official.OfficialUnavailable as exc:
+            raise BenchError(f"--official: {exc}") from None
+    model_dir = args.model_dir or random_checkpoint(args.model, args.seed, args.quick)
+    try:
+        cfg = load_config(model_dir)
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
+    from vllm_omni.tts.text import load_tokenizer
+
+    tok = load_tokenizer(cfg)
+    text_tokens = len(tok.encode(assistant_text(TEXT))) - 8
+    rows: list[dict] = []
+    for fmt in formats:
+        for t in counts:
+            rows += _ours(model_dir, fmt, t, modes, frames, repeats)
+    decoder = {t: _decoder_alone(model_dir, t, max(frames, 8), repeats) for t in counts}
+    official_runs = {}
+    if args.official:
+        for t in counts:
+            official_runs[t] = _official(model_dir, t, modes, frames, repeats, max(frames, 8))
+    best_official = {}
+    for t, res in official_runs.items():
+        for mode in modes:
+            runs = [r for r in res["runs"] if r["non_streaming_mode"] == (not MODES[mode])]
+            gen = _median([r["generate_s"] for r in runs])
+            dec = _median([r["decode_s"] for r in runs])
+            n = max(1, runs[0]["frames"])
+            row = {"impl": "official qwen-tts", "weights": "fp32", "threads": t, "mode": mode,
+                   "first_audio_ms": (gen + dec) * 1e3, "prefill_ms": None, "frame_ms": (gen + dec) * 1e3 / n,
+                   "decoder_ms": dec * 1e3 / n, "rtf": (gen + dec) / (n * 0.08), "frames": runs[0]["frames"],
+                   "load_s": res["load_s"]}
+            rows.append(row)
+            best_official[(t, mode)] = row
+    columns = [
+        {"name": "implementation", "unit": None, "type": "text"},
+        {"name": "weights", "unit": None, "type": "text"},
+        {"name": "threads", "unit": None, "type": "number", "format": ".0f"},
+        {"name": "text", "unit": None, "type": "text"},
+        {"name": "first audio", "unit": "ms", "type": "number", "format": ".0f"},
+        {"name": "prefill", "unit": "ms", "type": "number", "format": ".1f"},
+        {"name": "talker", "unit": "ms", "type": "number", "format": ".1f"},
+        {"name": "predictor", "unit": "ms", "type": "number", "format": ".1f"},
+        {"name": "sampler", "unit": "ms", "type": "number", "format": ".2f"},
+        {"name": "decoder", "unit": "ms", "type": "number", "format": ".1f"},
+        {"name": "bookkeeping", "unit": "ms", "type": "number", "format": ".2f"},
+        {"name": "frame", "unit": "ms", "type": "number", "format": ".1f"},
+        {"name": "RTF", "unit": None, "type": "number", "format": ".3f"},
+        {"name": "speed-up over official", "unit": None, "type": "number", "format": ".1f"},
+        {"name": "peak memory", "unit": "GiB", "type": "number", "format": ".2f"},
+    ]
+
+    def r3(x):
+        return None if x is None else round(float(x), 3)
+
+    table = []
+    for r in rows:
+        ref = best_official.get((r["threads"], r["mode"]))
+        speedup = None if ref is None or r["impl"] != "this project" else round(ref["rtf"] / r["rtf"], 2)
+        table.append([r["impl"], r["weights"], r["threads"], r["mode"], r3(r["first_audio_ms"]), r3(r["prefill_ms"]),
+                      r3(r.get("talker_ms")), r3(r.get("predictor_ms")), r3(r.get("sampler_ms")),
+                      r3(r.get("decoder_ms")), r3(r.get("bookkeeping_ms")), r3(r["frame_ms"]), r3(r["rtf"]), speedup,
+                      r.get("peak_rss_gib")])
+    spec = cfg.spec
+    weights_note = ("random, seed %d, published shapes" % args.seed) if args.model_dir is None and not args.quick else (
+        "random, shallow (quick)" if args.quick else f"checkpoint {model_dir}")
+    write_measured(
+        args,
+        artifact_id=(f"end-to-end/speak-{(args.model if args.model_dir is None else cfg.family).lower()}"
+                     + ("-quick" if args.quick and not args.name else "")),
+        title=f"Speech end to end on the CPU ({cfg.family}): first audio, RTF, and where a frame goes",
+        columns=columns, rows=table, model=cfg.family, weights=weights_note, quantization=",".join(formats),
+        threads=",".join(map(str, counts)), source="vllm-omni-bench speak",
+        compare={"tolerance": 0.2, "key_columns": ["implementation", "weights", "threads", "text"],
+                 "columns": ["RTF", "frame"]},
+        run={
+            "text": TEXT, "text_tokens": text_tokens, "speaker": SPEAKER, "language": LANGUAGE,
+            "frames_per_utterance": frames, "repeats": repeats,
+            "prefill_positions": {r["mode"]: r["prefill_positions"] for r in rows if "prefill_positions" in r},
+            "first_audio_range_ms": {f"{r['weights']}-t{r['threads']}-{r['mode']}": [round(v, 1) for v in
+                                                                                    r["first_audio_range"]]
+                                     for r in rows if "first_audio_range" in r},
+            "rtf_range": {f"{r['weights']}-t{r['threads']}-{r['mode']}": [round(v, 3) for v in r["rtf_range"]]
+                          for r in rows if "rtf_range" in r},
+            "load_s": {f"{r['impl']}-{r['weights']}-t{r['threads']}": round(r["load_s"], 2) for r in rows},
+            "decoder_ms_per_frame": {str(t): {k: round(v, 2) for k, v in d.items()} for t, d in decoder.items()},
+            "official": {str(t): {"versions": res.get("versions"),
+                                  "decode_only_ms_per_frame": round(_median(res["decode_only"]["seconds"]) * 1e3
+                                                                    / res["decode_only"]["frames"], 2)}
+                         for t, res in official_runs.items()} or None,
+            "talker_layers": spec.talker.layers, "torch_threads": torch.get_num_threads(),
+        },
+        notes=("Random weights of the published shapes stand in for the checkpoint: speed does not depend on the "
+               "values, voice quality cannot be judged from them. Each row: the medians over the repeats of one "
+               "fixed text, speaker and length (run.frames_per_utterance frames of 80 ms; random weights rarely "
+               "say EOS). First audio: from the request to the first chunk of samples (one frame decoded), prompt "
+               "and prefill included. Talker, predictor, sampler, decoder and bookkeeping: median ms per frame; "
+               "frame is their sum. RTF: wall time of the whole utterance (prefill included) over its audio time. "
+               "The official qwen-tts does not stream: its first audio is its whole generate plus decode; it "
+               "samples as its defaults say, this project with the same rules and its own noise. Peak memory: "
+               "the process's peak resident set after that row (formats run int4 first). run.decoder_ms_per_frame "
+               "times the decoder alone on random codes; run.official.decode_only_ms_per_frame the official decode "
+               "of the same codes in one call."
+               + (" Quick mode: a shallow checkpoint and three frames, for doctests only, not a figure."
+                  if args.quick else "")),
+    )
+    return 0
