@@ -46,16 +46,11 @@ weight row across the M activation rows from L1, so the weight traffic does not 
 but the integer dot products do, one full pass over the row per activation row, with no
 blocking over M. The fallback is a GEMM (a float GEMM after dequantizing), whose cost per row
 falls as M grows. At decode sizes the weight traffic dominates and the GEMV should win; at
-prefill sizes the GEMM should. Measured on one 2-core AVX-512 VNNI machine with torch 2.13
-(N=2048, K=1024, 2 threads, median of 7, two runs), the native kernel is nevertheless faster
-at every M tried: at M=64, 0.7 ms against 5.8 ms for the int8 fallback and 0.5 to 0.6 ms
-against 4 to 12 ms for int4; at M=512, 5.1 to 5.3 ms against 16 to 18 ms and 4.0 to 4.6 ms
-against 24 to 25 ms (a float ``linear`` over the unquantized weight: 2.0 to 2.3 and 12 to
-13 ms). In both formats one integer dot takes 16 rows of a tile. Before int8 came in tiles
-its rows took 1.9 ms (M=64) and 16 ms (M=512), and its fallback,
-``aten._weight_int8pack_mm`` over the row-major bytes, 57 ms and 450 ms.
-:data:`NATIVE_MAX_ROWS` stays at the decode/prefill boundary until that is measured on more
-machines.
+prefill sizes the GEMM should. A development comparison on one 2-core AVX-512 VNNI machine
+(N=2048, K=1024, 2 threads, M=64 and M=512, both formats) found the native kernel faster than
+the fallback even there; it was not kept as an artifact, so no figures are given here. In both
+formats one integer dot takes 16 rows of a tile. :data:`NATIVE_MAX_ROWS` stays at the
+decode/prefill boundary until that comparison is measured, and kept, on more machines.
 
 :func:`kernel_calls` counts the op calls per path in this process (one per call, either path),
 and :func:`kernel_calls_by_rows` the same calls by their row count.
