@@ -91,10 +91,13 @@ def _ours(model_dir: Path, fmt: str, threads: int, modes: list[str], frames: int
     speech.synthesize(TEXT, speaker=SPEAKER, language=LANGUAGE, max_frames=2)  # warm-up
     rows = []
     for mode in modes:
-        runs = []
+        runs, timeline = [], []
         for r in range(repeats):
-            speech.synthesize(TEXT, speaker=SPEAKER, language=LANGUAGE, streaming_text=MODES[mode], seed=r,
-                              max_frames=frames)
+            for chunk in speech.stream(TEXT, speaker=SPEAKER, language=LANGUAGE, streaming_text=MODES[mode], seed=r,
+                                       max_frames=frames):
+                if r == 0:
+                    timeline.append([chunk.first_frame, chunk.frames, round((chunk.first_frame + chunk.frames) * 0.08, 3),
+                                     round(chunk.ready_s, 4)])
             runs.append(speech.last_stats)
         split = [s.median_split() for s in runs]
         part = {k: _median([s[k] for s in split]) for k in split[0]}
@@ -108,7 +111,7 @@ def _ours(model_dir: Path, fmt: str, threads: int, modes: list[str], frames: int
             "frame_ms": sum(part.values()),
             "rtf": _median([s.rtf for s in runs]),
             "rtf_range": [min(s.rtf for s in runs), max(s.rtf for s in runs)],
-            "frames": runs[0].frames, "load_s": load_s, "peak_rss_gib": _peak_gib(),
+            "frames": runs[0].frames, "load_s": load_s, "peak_rss_gib": _peak_gib(), "timeline": timeline,
         })
     del speech
     gc.collect()
@@ -203,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
             rows.append(row)
             best_official[(t, mode)] = row
     columns = [
+        {"name": "setting", "unit": None, "type": "text"},
         {"name": "implementation", "unit": None, "type": "text"},
         {"name": "weights", "unit": None, "type": "text"},
         {"name": "threads", "unit": None, "type": "number", "format": ".0f"},
@@ -227,21 +231,42 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:
         ref = best_official.get((r["threads"], r["mode"]))
         speedup = None if ref is None or r["impl"] != "this project" else round(ref["rtf"] / r["rtf"], 2)
-        table.append([r["impl"], r["weights"], r["threads"], r["mode"], r3(r["first_audio_ms"]), r3(r["prefill_ms"]),
+        who = "ours" if r["impl"] == "this project" else "official"
+        table.append([f"{who} {r['weights']} t{r['threads']} {r['mode']}", r["impl"], r["weights"], r["threads"], r["mode"], r3(r["first_audio_ms"]), r3(r["prefill_ms"]),
                       r3(r.get("talker_ms")), r3(r.get("predictor_ms")), r3(r.get("sampler_ms")),
                       r3(r.get("decoder_ms")), r3(r.get("bookkeeping_ms")), r3(r["frame_ms"]), r3(r["rtf"]), speedup,
                       r.get("peak_rss_gib")])
     spec = cfg.spec
     weights_note = ("random, seed %d, published shapes" % args.seed) if args.model_dir is None and not args.quick else (
         "random, shallow (quick)" if args.quick else f"checkpoint {model_dir}")
+    slug = (args.model if args.model_dir is None else cfg.family).lower() + ("-quick" if args.quick and not args.name else "")
+    first = next(r for r in rows if r["impl"] == "this project" and r["mode"] == modes[0] and r["threads"] == counts[-1])
+    timeline_args = argparse.Namespace(**{**vars(args), "name": f"{args.name}-timeline" if args.name else None})
+    write_measured(
+        timeline_args,
+        artifact_id=f"end-to-end/timeline-{slug}",
+        title=f"One streamed utterance: when each chunk of audio was ready ({cfg.family}, {first['weights']}, "
+              f"{first['threads']} threads, {modes[0]} text)",
+        columns=[{"name": "first frame", "unit": None, "type": "number", "format": ".0f"},
+                 {"name": "frames", "unit": None, "type": "number", "format": ".0f"},
+                 {"name": "audio until", "unit": "s", "type": "number", "format": ".2f"},
+                 {"name": "ready at", "unit": "s", "type": "number", "format": ".3f"}],
+        rows=first["timeline"], model=cfg.family, weights=weights_note, quantization=first["weights"],
+        threads=first["threads"], source="vllm-omni-bench speak",
+        compare={"tolerance": 0.25, "key_columns": ["first frame"], "columns": ["ready at"]},
+        run={"text": TEXT, "speaker": SPEAKER, "language": LANGUAGE, "frames_per_utterance": frames},
+        notes=("The first utterance of the row it comes from in the speak artifact. A chunk is ready when its samples "
+               "are decoded; the stream keeps up with playback while each chunk is ready before the audio before it "
+               "has played (ready at < audio until of the previous chunk, after the first).")
+               + (" Quick mode: not a figure." if args.quick else ""),
+    )
     write_measured(
         args,
-        artifact_id=(f"end-to-end/speak-{(args.model if args.model_dir is None else cfg.family).lower()}"
-                     + ("-quick" if args.quick and not args.name else "")),
+        artifact_id=f"end-to-end/speak-{slug}",
         title=f"Speech end to end on the CPU ({cfg.family}): first audio, RTF, and where a frame goes",
         columns=columns, rows=table, model=cfg.family, weights=weights_note, quantization=",".join(formats),
         threads=",".join(map(str, counts)), source="vllm-omni-bench speak",
-        compare={"tolerance": 0.2, "key_columns": ["implementation", "weights", "threads", "text"],
+        compare={"tolerance": 0.2, "key_columns": ["setting"],
                  "columns": ["RTF", "frame"]},
         run={
             "text": TEXT, "text_tokens": text_tokens, "speaker": SPEAKER, "language": LANGUAGE,

@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("vo_kernels.cpp",)
+SOURCES = ("vo_kernels.cpp", "vo_decoder.cpp")
 BASE_FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno")
 VARIANT_FLAGS = {
     "native": ("-march=native",),
@@ -182,6 +182,7 @@ _SIGNATURES = {
     "vo_f32_streams": (_I32, []),
     "vo_gemv_sweeps": (_I32, [_I32, ctypes.POINTER(VoMat), _I32, P, _I64, P, _I32, _I32, P]),
     "vo_read_sweeps": (_I32, [_I32, ctypes.POINTER(VoMat), _I32, _I32, _I32, P, ctypes.POINTER(_I64)]),
+    "vo_snake": (None, [P, P, _I64, _I64, P, P, _I32]),
 }
 FMT_CODES = {"fp32": 0, "int8": 1, "int4": 2}
 

@@ -48,25 +48,80 @@ def _rms(x: Tensor, w: Tensor, eps: float) -> Tensor:
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-class _Snake:
-    """SnakeBeta: x + 1/(exp(beta) + 1e-9) * sin(exp(alpha) * x)^2, per channel."""
+def _native():
+    """The native library (``vo_snake``), or None where it cannot be built: PyTorch stands in."""
+    try:
+        from vllm_omni.cpu import native
 
-    def __init__(self, w: dict[str, Tensor], prefix: str):
-        self.a = torch.exp(w[f"{prefix}.alpha"])[:, None].contiguous()
-        self.inv_b = (1.0 / (torch.exp(w[f"{prefix}.beta"]) + 1e-9))[:, None].contiguous()
+        return native.load()
+    except Exception:  # noqa: BLE001 - no compiler or a failed build
+        return None
+
+
+NATIVE_ROWS = 16  # at most this many rows a call: the native GEMV (weight-bound); more: PyTorch's GEMM
+
+
+class _Linear:
+    """``x [M, K] -> x @ W.T + b``: the native fp32 GEMV (each weight row read once for all M rows)
+    when M is small and the shape suits it, else PyTorch. Both are fp32; only summation order differs."""
+
+    def __init__(self, w: Tensor, b: Tensor | None, lib=None):
+        self.w, self.b = w.contiguous(), None if b is None else b.contiguous()
+        self.lib, self.mat = None, None
+        n, k = self.w.shape
+        if lib is not None and k % 64 == 0 and k >= 64 and n % 32 == 0:
+            from vllm_omni.cpu.predictor import vo_mat
+            from vllm_omni.cpu.quant import quantize
+
+            self.packed = quantize(self.w, "fp32")
+            self.mat, self.lib = vo_mat(self.packed), lib
 
     def __call__(self, x: Tensor) -> Tensor:
-        return x + self.inv_b * torch.sin(x * self.a).pow(2)
+        m = x.shape[0]
+        if self.lib is None or m > NATIVE_ROWS:
+            return F.linear(x, self.w, self.b)
+        import ctypes
+
+        x = x.contiguous()
+        y = torch.empty(m, self.w.shape[0])
+        rc = self.lib.vo_linear(0, ctypes.byref(self.mat), x.data_ptr(), m, y.data_ptr(), torch.get_num_threads())
+        if rc != 0:
+            raise RuntimeError(f"vo_linear failed ({rc}) on [{m}, {self.w.shape[1]}] x {list(self.w.shape)}")
+        return y if self.b is None else y + self.b
+
+
+class _Snake:
+    """SnakeBeta: x + 1/(exp(beta) + 1e-9) * sin(exp(alpha) * x)^2, per channel (native in one pass)."""
+
+    def __init__(self, w: dict[str, Tensor], prefix: str, lib=None):
+        self.a = torch.exp(w[f"{prefix}.alpha"]).contiguous()
+        self.inv_b = (1.0 / (torch.exp(w[f"{prefix}.beta"]) + 1e-9)).contiguous()
+        self.lib = lib
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.lib is None:
+            return x + self.inv_b[:, None] * torch.sin(x * self.a[:, None]).pow(2)
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        self.lib.vo_snake(x.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], self.a.data_ptr(),
+                          self.inv_b.data_ptr(), torch.get_num_threads())
+        return y
 
 
 class _CausalConv:
     """A causal conv that keeps its input tail: ``(k - 1) * dilation`` samples."""
 
-    def __init__(self, w: dict[str, Tensor], prefix: str, dilation: int = 1, groups: int = 1):
+    def __init__(self, w: dict[str, Tensor], prefix: str, dilation: int = 1, groups: int = 1, lib=None):
         self.w, self.b = w[f"{prefix}.conv.weight"].contiguous(), w[f"{prefix}.conv.bias"].contiguous()
         self.dilation, self.groups = dilation, groups
-        self.tail = (self.w.shape[-1] - 1) * dilation
+        self.k = self.w.shape[-1]
+        self.tail = (self.k - 1) * dilation
         self.channels = self.w.shape[1] * groups
+        # few samples a call: the conv as a GEMV over im2col rows [T, k * C_in], taps outer
+        self.rows = None
+        if groups == 1 and lib is not None:
+            lin = _Linear(self.w.permute(0, 2, 1).reshape(self.w.shape[0], -1), self.b, lib)
+            self.rows = lin if lin.lib is not None else None
         self.reset()
 
     def reset(self) -> None:
@@ -77,26 +132,44 @@ class _CausalConv:
         full = torch.cat([self.hist, x], 1) if self.tail else x
         if self.tail:
             self.hist = full[:, -self.tail:].clone()
+        t = x.shape[1]
+        if self.rows is not None and t <= NATIVE_ROWS:
+            d = self.dilation
+            cols = torch.stack([full[:, j * d: j * d + t] for j in range(self.k)]).permute(2, 0, 1)
+            return self.rows(cols.reshape(t, -1)).T
         return F.conv1d(full[None], self.w, self.b, dilation=self.dilation, groups=self.groups)[0]
 
 
 class _CausalTransConv:
     """ConvTranspose1d(k, stride r) with the last k - r samples dropped, streamed with an r-sample carry."""
 
-    def __init__(self, w: dict[str, Tensor], prefix: str, stride: int):
+    def __init__(self, w: dict[str, Tensor], prefix: str, stride: int, lib=None):
         self.w, self.b = w[f"{prefix}.conv.weight"].contiguous(), w[f"{prefix}.conv.bias"][:, None].contiguous()
         self.stride = stride
-        self.over = self.w.shape[-1] - stride  # output samples a later input still adds to
+        self.k, self.cout = self.w.shape[-1], self.w.shape[1]
+        self.over = self.k - stride  # output samples a later input still adds to
         if self.over not in (0, stride):
-            raise ValueError(f"{prefix}: kernel {self.w.shape[-1]} with stride {stride} is not streamed here")
+            raise ValueError(f"{prefix}: kernel {self.k} with stride {stride} is not streamed here")
+        # few inputs a call: one GEMV gives each input's k output samples, [T, (tap, out)]
+        lin = _Linear(self.w.permute(2, 1, 0).reshape(self.k * self.cout, -1), None, lib) if lib is not None else None
+        self.rows = lin if lin is not None and lin.lib is not None else None
         self.reset()
 
     def reset(self) -> None:
         self.carry = torch.zeros(self.w.shape[1], self.over)
 
     def __call__(self, x: Tensor) -> Tensor:
-        y = F.conv_transpose1d(x[None], self.w, None, stride=self.stride)[0]
-        n = x.shape[1] * self.stride
+        t, r = x.shape[1], self.stride
+        n = t * r
+        if self.rows is not None and t <= NATIVE_ROWS:
+            z = self.rows(x.T).view(t, self.k, self.cout)  # input t's taps land at t * r + tap
+            y = torch.zeros(self.cout, n + self.over)
+            yv = y.view(self.cout, -1, r) if self.over else y.view(self.cout, t, r)
+            yv[:, :t] += z[:, :r].permute(2, 0, 1)
+            if self.over:
+                yv[:, 1:t + 1] += z[:, r:].permute(2, 0, 1)
+        else:
+            y = F.conv_transpose1d(x[None], self.w, None, stride=r)[0]
         if self.over:
             y[:, : self.over] += self.carry
             self.carry = y[:, n:].clone()
@@ -106,9 +179,10 @@ class _CausalTransConv:
 class _Attention:
     """One transformer layer's sliding-window self-attention with its KV tail."""
 
-    def __init__(self, w: dict[str, Tensor], prefix: str, dc: DecoderConfig):
+    def __init__(self, w: dict[str, Tensor], prefix: str, dc: DecoderConfig, lib=None):
         a = f"{prefix}.self_attn"
-        self.q, self.k, self.v, self.o = (w[f"{a}.{n}_proj.weight"] for n in ("q", "k", "v", "o"))
+        self.qkv = _Linear(torch.cat([w[f"{a}.{n}_proj.weight"] for n in ("q", "k", "v")]), None, lib)
+        self.o = _Linear(w[f"{a}.o_proj.weight"], None, lib)
         self.heads, self.kv_heads, self.hd, self.window = dc.heads, dc.kv_heads, dc.head_dim, dc.sliding_window
         self.reset()
 
@@ -118,9 +192,10 @@ class _Attention:
 
     def __call__(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         t = x.shape[0]
-        q = _rotate(F.linear(x, self.q).view(t, self.heads, self.hd).transpose(0, 1), cos, sin)
-        k = _rotate(F.linear(x, self.k).view(t, self.kv_heads, self.hd).transpose(0, 1), cos, sin)
-        v = F.linear(x, self.v).view(t, self.kv_heads, self.hd).transpose(0, 1)
+        q, k, v = self.qkv(x).split([self.heads * self.hd, self.kv_heads * self.hd, self.kv_heads * self.hd], -1)
+        q = _rotate(q.reshape(t, self.heads, self.hd).transpose(0, 1), cos, sin)
+        k = _rotate(k.reshape(t, self.kv_heads, self.hd).transpose(0, 1), cos, sin)
+        v = v.reshape(t, self.kv_heads, self.hd).transpose(0, 1)
         keys, values = torch.cat([self.keys, k], 1), torch.cat([self.values, v], 1)
         past = self.keys.shape[1]
         n = past + t
@@ -135,7 +210,7 @@ class _Attention:
         out = F.scaled_dot_product_attention(q[None], keys_r[None], values_r[None], attn_mask=mask[None, None])[0]
         keep = self.window - 1
         self.keys, self.values = keys[:, -keep:].clone(), values[:, -keep:].clone()
-        return F.linear(out.transpose(0, 1).reshape(t, self.heads * self.hd), self.o)
+        return self.o(out.transpose(0, 1).reshape(t, self.heads * self.hd))
 
 
 class StreamingDecoder:
@@ -144,6 +219,7 @@ class StreamingDecoder:
     def __init__(self, weights: dict[str, Tensor], dc: DecoderConfig):
         self.dc, s = dc, dc.spec
         self.samples_per_frame = s.samples_per_frame
+        lib = _native()
         w = {k: v.float() for k, v in weights.items()}
         q = "decoder.quantizer"
 
@@ -155,42 +231,43 @@ class StreamingDecoder:
         self.rest_books = torch.stack([book("rvq_rest", i) for i in range(s.quantizers - 1)])  # [15, V, D/2]
         self.first_proj = w[f"{q}.rvq_first.output_proj.weight"][:, :, 0].contiguous()
         self.rest_proj = w[f"{q}.rvq_rest.output_proj.weight"][:, :, 0].contiguous()
-        self.pre_conv = _CausalConv(w, "decoder.pre_conv")
+        self.pre_conv = _CausalConv(w, "decoder.pre_conv", lib=lib)
         tr = "decoder.pre_transformer"
-        self.in_proj = (w[f"{tr}.input_proj.weight"], w[f"{tr}.input_proj.bias"])
-        self.out_proj = (w[f"{tr}.output_proj.weight"], w[f"{tr}.output_proj.bias"])
+        self.in_proj = _Linear(w[f"{tr}.input_proj.weight"], w[f"{tr}.input_proj.bias"], lib)
+        self.out_proj = _Linear(w[f"{tr}.output_proj.weight"], w[f"{tr}.output_proj.bias"], lib)
         self.final_norm = w[f"{tr}.norm.weight"]
         self.layers = []
         for i in range(s.transformer_layers):
             p = f"{tr}.layers.{i}"
             self.layers.append({
-                "attn": _Attention(w, p, dc), "in_norm": w[f"{p}.input_layernorm.weight"],
+                "attn": _Attention(w, p, dc, lib), "in_norm": w[f"{p}.input_layernorm.weight"],
                 "post_norm": w[f"{p}.post_attention_layernorm.weight"],
                 "attn_scale": w[f"{p}.self_attn_layer_scale.scale"], "mlp_scale": w[f"{p}.mlp_layer_scale.scale"],
-                "gate": w[f"{p}.mlp.gate_proj.weight"], "up": w[f"{p}.mlp.up_proj.weight"],
-                "down": w[f"{p}.mlp.down_proj.weight"],
+                "gate_up": _Linear(torch.cat([w[f"{p}.mlp.gate_proj.weight"], w[f"{p}.mlp.up_proj.weight"]]), None, lib),
+                "down": _Linear(w[f"{p}.mlp.down_proj.weight"], None, lib),
             })
         self.upsample = []
         for i, factor in enumerate(s.upsampling_ratios):
             nx = f"decoder.upsample.{i}.1"
             c = s.latent_dim
             self.upsample.append({
-                "tconv": _CausalTransConv(w, f"decoder.upsample.{i}.0", factor),
+                "tconv": _CausalTransConv(w, f"decoder.upsample.{i}.0", factor, lib),
                 "dw": _CausalConv(w, f"{nx}.dwconv", groups=c),
                 "norm": (w[f"{nx}.norm.weight"], w[f"{nx}.norm.bias"]),
-                "fc1": (w[f"{nx}.pwconv1.weight"], w[f"{nx}.pwconv1.bias"]),
-                "fc2": (w[f"{nx}.pwconv2.weight"] * w[f"{nx}.gamma"][:, None], w[f"{nx}.pwconv2.bias"] * w[f"{nx}.gamma"]),
+                "fc1": _Linear(w[f"{nx}.pwconv1.weight"], w[f"{nx}.pwconv1.bias"], lib),
+                "fc2": _Linear(w[f"{nx}.pwconv2.weight"] * w[f"{nx}.gamma"][:, None],
+                               w[f"{nx}.pwconv2.bias"] * w[f"{nx}.gamma"], lib),
             })
-        self.conv_in = _CausalConv(w, "decoder.decoder.0")
+        self.conv_in = _CausalConv(w, "decoder.decoder.0", lib=lib)
         self.blocks = []
         for b, rate in enumerate(s.upsample_rates):
             p = f"decoder.decoder.{b + 1}.block"
-            units = [(_Snake(w, f"{p}.{u + 2}.act1"), _CausalConv(w, f"{p}.{u + 2}.conv1", dilation=d),
-                      _Snake(w, f"{p}.{u + 2}.act2"), _CausalConv(w, f"{p}.{u + 2}.conv2"))
+            units = [(_Snake(w, f"{p}.{u + 2}.act1", lib), _CausalConv(w, f"{p}.{u + 2}.conv1", dilation=d, lib=lib),
+                      _Snake(w, f"{p}.{u + 2}.act2", lib), _CausalConv(w, f"{p}.{u + 2}.conv2", lib=lib))
                      for u, d in enumerate((1, 3, 9))]
-            self.blocks.append((_Snake(w, f"{p}.0"), _CausalTransConv(w, f"{p}.1", rate), units))
+            self.blocks.append((_Snake(w, f"{p}.0", lib), _CausalTransConv(w, f"{p}.1", rate, lib), units))
         n = len(s.upsample_rates) + 1
-        self.snake_out = _Snake(w, f"decoder.decoder.{n}")
+        self.snake_out = _Snake(w, f"decoder.decoder.{n}", lib)
         self.conv_out = _CausalConv(w, f"decoder.decoder.{n + 1}")
         self.position = 0
 
@@ -232,7 +309,7 @@ class StreamingDecoder:
             x = up["tconv"](x)
             y = up["dw"](x).T
             y = F.layer_norm(y, (y.shape[-1],), up["norm"][0], up["norm"][1], eps=1e-6)
-            y = F.linear(F.gelu(F.linear(y, *up["fc1"])), *up["fc2"])
+            y = up["fc2"](F.gelu(up["fc1"](y)))
             x = x + y.T
         x = self.conv_in(x)
         for snake, tconv, units in self.blocks:
@@ -247,14 +324,14 @@ class StreamingDecoder:
         dc = self.dc
         t = x.shape[0]
         cos, sin = _rope(torch.arange(self.position, self.position + t), dc.head_dim, dc.rope_theta)
-        h = F.linear(x, *self.in_proj)
+        h = self.in_proj(x)
         for layer in self.layers:
             a = layer["attn"](_rms(h, layer["in_norm"], dc.rms_eps), cos, sin)
             h = h + layer["attn_scale"] * a
             m = _rms(h, layer["post_norm"], dc.rms_eps)
-            h = h + layer["mlp_scale"] * F.linear(F.silu(F.linear(m, layer["gate"])) * F.linear(m, layer["up"]),
-                                                  layer["down"])
-        return F.linear(_rms(h, self.final_norm, dc.rms_eps), *self.out_proj)
+            gate, up = layer["gate_up"](m).chunk(2, -1)
+            h = h + layer["mlp_scale"] * layer["down"](F.silu(gate) * up)
+        return self.out_proj(_rms(h, self.final_norm, dc.rms_eps))
 
     def decode(self, codes: Tensor) -> Tensor:
         """A whole utterance in one call, from a fresh state."""
