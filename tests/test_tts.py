@@ -193,10 +193,20 @@ def test_pipeline_streams_chunks_of_whole_frames(speech):
     st = speech.last_stats
     total = sum(c.frames for c in chunks)
     assert total == st.frames and 1 <= total <= 9
-    assert chunks[0].frames == 1 and all(c.frames <= 4 for c in chunks)
+    assert [c.frames for c in chunks][: min(4, len(chunks) - 1)] == [1, 1, 2, 2][: min(4, len(chunks) - 1)]
+    assert all(c.frames <= 4 for c in chunks)
     assert all(c.samples.shape == (c.frames * 1920,) for c in chunks)
     assert st.first_audio_s == chunks[0].ready_s and st.first_audio_s <= st.total_s
     assert len(st.generation.frames) == total and len(st.decoder_ms) == total
+
+
+def test_chunks_grow_from_one_frame():
+    from itertools import islice
+
+    from vllm_omni.tts.pipeline import chunk_schedule
+
+    assert list(islice(chunk_schedule(4), 7)) == [1, 1, 2, 2, 4, 4, 4]
+    assert list(islice(chunk_schedule(1), 5)) == [1, 1, 1, 1, 1]
 
 
 def test_greedy_is_deterministic_and_seeds_reproduce(speech):
@@ -324,3 +334,22 @@ def test_decoder_paths_agree_native_and_pytorch(speech, monkeypatch):
     assert plain.conv_in.rows is None
     b = torch.cat([plain.push(codes[i:i + 3]) for i in range(0, 9, 3)])
     assert float((a - b).abs().max()) < 1e-4
+
+
+def test_a_prefill_call_of_many_positions_equals_one_position_at_a_time(speech):
+    """The talker prompt goes through the native stack up to vo_max_tokens() positions a call."""
+    talker = speech.generator.talker
+    n = talker.lib.vo_max_tokens()
+    assert n >= 10  # a streaming-text prompt (10 positions) is one call
+    x = torch.randn(n + 3, 1024, generator=torch.Generator().manual_seed(2)) * 0.5
+    talker.reset()
+    out_many, logits_many = talker.native.forward(x[:n], 0, head=talker.head)
+    talker.reset()
+    rows = []
+    for i in range(n):
+        out, logits = talker.native.forward(x[i:i + 1], i, head=talker.head)
+        rows.append(out[0])
+    assert float((torch.stack(rows) - out_many).abs().max()) < 1e-4
+    assert float((logits - logits_many).abs().max()) < 1e-4
+    with pytest.raises(RuntimeError, match="vo_stack_forward failed"):
+        talker.native.forward(x, 0)

@@ -93,11 +93,14 @@ def _ours(model_dir: Path, fmt: str, threads: int, modes: list[str], frames: int
     for mode in modes:
         runs, timeline = [], []
         for r in range(repeats):
+            first_ready = None
             for chunk in speech.stream(TEXT, speaker=SPEAKER, language=LANGUAGE, streaming_text=MODES[mode], seed=r,
                                        max_frames=frames):
-                if r == 0:
+                first_ready = chunk.ready_s if first_ready is None else first_ready
+                if r == 0:  # needed at: when playback that starts with the first chunk reaches this one
+                    needed = first_ready + chunk.first_frame * 0.08
                     timeline.append([chunk.first_frame, chunk.frames, round((chunk.first_frame + chunk.frames) * 0.08, 3),
-                                     round(chunk.ready_s, 4)])
+                                     round(chunk.ready_s, 4), round(needed, 4), round(max(0.0, chunk.ready_s - needed), 4)])
             runs.append(speech.last_stats)
         split = [s.median_split() for s in runs]
         part = {k: _median([s[k] for s in split]) for k in split[0]}
@@ -250,14 +253,17 @@ def run(args: argparse.Namespace) -> int:
         columns=[{"name": "first frame", "unit": None, "type": "number", "format": ".0f"},
                  {"name": "frames", "unit": None, "type": "number", "format": ".0f"},
                  {"name": "audio until", "unit": "s", "type": "number", "format": ".2f"},
-                 {"name": "ready at", "unit": "s", "type": "number", "format": ".3f"}],
+                 {"name": "ready at", "unit": "s", "type": "number", "format": ".3f"},
+                 {"name": "needed at", "unit": "s", "type": "number", "format": ".3f"},
+                 {"name": "playback waits", "unit": "s", "type": "number", "format": ".3f"}],
         rows=first["timeline"], model=cfg.family, weights=weights_note, quantization=first["weights"],
         threads=first["threads"], source="vllm-omni-bench speak",
         compare={"tolerance": 0.25, "key_columns": ["first frame"], "columns": ["ready at"]},
         run={"text": TEXT, "speaker": SPEAKER, "language": LANGUAGE, "frames_per_utterance": frames},
         notes=("The first utterance of the row it comes from in the speak artifact. A chunk is ready when its samples "
-               "are decoded; the stream keeps up with playback while each chunk is ready before the audio before it "
-               "has played (ready at < audio until of the previous chunk, after the first).")
+               "are decoded. Needed at: when playback that starts as the first chunk is ready reaches the chunk (the "
+               "first chunk's ready time plus the audio before it). Playback waits: how long that playback would "
+               "stall before the chunk (0 when it is ready in time).")
                + (" Quick mode: not a figure." if args.quick else ""),
     )
     write_measured(

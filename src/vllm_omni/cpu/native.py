@@ -162,6 +162,7 @@ P = ctypes.c_void_p
 _I32, _I64, _F32 = ctypes.c_int32, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
     "vo_version": (_I32, []),
+    "vo_max_tokens": (_I32, []),
     "vo_isa": (_I32, []),
     "vo_workspace_bytes": (_I64, [ctypes.POINTER(VoStack), _I64]),
     "vo_stack_forward": (_I32, [ctypes.POINTER(VoStack), P, _I32, _I32, P, ctypes.POINTER(VoMat), P]),

@@ -115,7 +115,8 @@ class NativeStack:
         self._fit_workspace()
 
     def forward(self, x: Tensor, pos0: int, head: QuantMatrix | None = None) -> tuple[Tensor, Tensor | None]:
-        """Run ``x`` [T, H] (T <= 2) at positions pos0..; (final-normed hidden [T, H], logits of the last or None)."""
+        """Run ``x`` [T, H] (T <= ``lib.vo_max_tokens()``) at positions pos0..; (final-normed hidden [T, H],
+        logits of the last or None)."""
         x = x.float().contiguous()
         t = x.shape[0]
         out = torch.empty(t, self.stack.hidden)

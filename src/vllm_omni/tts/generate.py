@@ -23,7 +23,6 @@ from vllm_omni.cpu.checks import whole_number
 from vllm_omni.tts.checkpoint import Checkpoint
 from vllm_omni.tts.prompt import Prompt
 
-MAX_PREFILL_CHUNK = 2  # positions per native stack call (the kernels' MAX_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -110,8 +109,9 @@ class CodeGenerator:
         if n + 1 > self.max_positions:
             raise ValueError(f"the prompt has {n} positions; this generator holds {self.max_positions}")
         logits = hidden = None
-        for start in range(0, n, MAX_PREFILL_CHUNK):
-            chunk = x[start:start + MAX_PREFILL_CHUNK]
+        step = t.lib.vo_max_tokens()  # positions per native call, each weight tile read once for all
+        for start in range(0, n, step):
+            chunk = x[start:start + step]
             last = start + chunk.shape[0] >= n
             out, logits = t.native.forward(chunk, t.position, head=t.head if last else None)
             t.position += chunk.shape[0]

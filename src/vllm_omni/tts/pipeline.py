@@ -2,9 +2,9 @@
 
 ``Speech.load(DIR)`` reads and checks a checkpoint, packs the talker and the predictor once for
 the fused kernels (fp32, int8 or int4), and builds the streaming decoder. ``Speech.stream(...)``
-then yields ``AudioChunk``s: the first after one frame (80 ms of audio), the next ones every
-``chunk_frames`` frames, each decoded from the state the decoder kept, so the concatenation is
-the whole utterance's decode. The command (``qwen3-tts-edge speak``) and the benchmarks call
+then yields ``AudioChunk``s: the first after one frame (80 ms of audio), then chunks that grow
+to ``chunk_frames`` frames (``chunk_schedule``), each decoded from the state the decoder kept,
+so the concatenation is the whole utterance's decode. The command (``qwen3-tts-edge speak``) and the benchmarks call
 this same path.
 """
 
@@ -65,6 +65,24 @@ class SpeechStats:
                 for k in ("talker", "predictor", "sampler", "bookkeeping")}
         pick["decoder"] = statistics.median(self.decoder_ms) if self.decoder_ms else 0.0
         return pick
+
+
+RAMP = (1, 1, 2, 2)
+
+
+def chunk_schedule(steady: int) -> Iterator[int]:
+    """Frames per decoder call: one, one, two, two, then ``steady`` from there on.
+
+    The first audio needs one frame; after it, playback must not catch up with decoding. A
+    decoder call on one frame costs more per frame than one on four (its weights are read per
+    call), so the chunks grow while the audio already made covers the next call's time: at an
+    RTF of about 0.6, a jump from one frame straight to four stalled playback for a tenth of a
+    second, this ramp did not (end-to-end/timeline-0.6b).
+    """
+    for n in RAMP:
+        yield min(n, steady)
+    while True:
+        yield steady
 
 
 class Speech:
@@ -137,11 +155,14 @@ class Speech:
             pending.clear()
             return chunk
 
+        sizes = iter(chunk_schedule(chunk_frames))
+        want = next(sizes)
         for codes in self.generator.generate(prompt, sampling, max_frames=max_frames, stats=stats.generation):
             pending.append(codes)
             stats.frames += 1
-            if stats.frames == 1 or len(pending) >= chunk_frames:
+            if len(pending) >= want:
                 yield flush()
+                want = next(sizes)
         if pending:
             yield flush()
         stats.total_s = time.perf_counter() - start

@@ -47,7 +47,9 @@ namespace {
 
 enum Fmt : int32_t { FMT_F32 = 0, FMT_I8 = 1, FMT_I4 = 2 };
 
-constexpr int MAX_TOKENS = 2;  // the predictor's first pass is a 2-token prefill
+// Tokens one stack call takes: the predictor's first pass is a 2-token prefill, and a talker
+// prompt is prefilled up to this many positions a call, every weight tile read once for all of them.
+constexpr int MAX_TOKENS = 16;
 
 }  // namespace
 
@@ -1309,7 +1311,9 @@ bool stack_ok(const VoStack& st) {
 
 extern "C" {
 
-int32_t vo_version() { return 13; }
+int32_t vo_version() { return 14; }
+
+int32_t vo_max_tokens() { return MAX_TOKENS; }
 
 // The counter-based uniforms of key at indices index0 .. index0 + n - 1 (for tests).
 void vo_counter_uniforms(uint64_t key, uint64_t index0, int64_t n, float* out) {
