@@ -190,8 +190,14 @@ class _TalkerSampler:
     def greedy(self, logits: Tensor) -> int:
         """The official greedy choice (``do_sample=False``): the repetition penalty, the suppressed
         ids and the early-EOS ban still apply; temperature, top-k and top-p do not; then argmax."""
-        cfg = self.config
         scores = logits.float().clone()
+        self._process(scores)
+        return self._record(int(torch.argmax(scores)))
+
+    def _process(self, scores: Tensor) -> None:
+        """The processors before any warper, in place: repetition penalty (HF semantics) over the ids
+        sampled so far, the suppressed ids, and EOS while fewer than min_new_tokens were sampled."""
+        cfg = self.config
         ids = self._seen_ids
         if ids.numel():
             s = scores[ids]
@@ -199,7 +205,6 @@ class _TalkerSampler:
         scores.index_fill_(0, self._suppressed, NEG_INF)
         if len(self.history) < cfg.min_new_tokens:
             scores[cfg.eos_id] = NEG_INF
-        return self._record(int(torch.argmax(scores)))
 
 
 class EagerSampler(_TalkerSampler):
@@ -265,13 +270,7 @@ class FastSampler(_TalkerSampler):
         cfg, buf = self.config, self._buf[: self.config.vocab]
         q = self.draw()
         buf.copy_(logits)
-        ids = self._seen_ids
-        if ids.numel():
-            s = buf[ids]
-            buf[ids] = torch.where(s < 0, s * cfg.repetition_penalty, s / cfg.repetition_penalty)
-        buf.index_fill_(0, self._suppressed, NEG_INF)
-        if len(self.history) < cfg.min_new_tokens:
-            buf[cfg.eos_id] = NEG_INF
+        self._process(buf)
         vals, idx = torch.topk(buf, cfg.top_k)
         vals = vals / cfg.temperature
         if cfg.top_p < 1.0:

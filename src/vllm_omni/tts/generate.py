@@ -88,10 +88,6 @@ class CodeGenerator:
     def threads(self) -> int:
         return self.talker.threads
 
-    def set_threads(self, threads: int) -> None:
-        self.talker.set_threads(whole_number("threads", threads))
-        self.predictor.set_threads(threads)
-
     def _sampler(self, s: Sampling):
         from vllm_omni.cpu.sampler import FastSampler, SamplerConfig
 
@@ -101,8 +97,6 @@ class CodeGenerator:
 
     def _prefill(self, x):
         """Run the prompt through the talker from position 0; (logits, hidden) of its last position."""
-        import torch
-
         t = self.talker
         t.reset()
         n = x.shape[0]
@@ -116,7 +110,7 @@ class CodeGenerator:
             out, logits = t.native.forward(chunk, t.position, head=t.head if last else None)
             t.position += chunk.shape[0]
             hidden = out[-1]
-        return logits, hidden.clone() if isinstance(hidden, torch.Tensor) else hidden
+        return logits, hidden.clone()
 
     def generate(self, prompt: Prompt, sampling: Sampling = Sampling(), *, max_frames: int = 2047,
                  stats: GenerationStats | None = None) -> Iterator[Any]:
