@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -179,7 +178,9 @@ def write_random_checkpoint(out: str | Path, size: str = "0.6B", *, seed: int = 
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out}: exists (pass overwrite to replace it)")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = out.parent / f".{out.name}.{os.getpid()}.part"  # removed below on failure, renamed on success
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
     try:
         write_configs(tmp, checkpoint_configs(size, **shape))
         write_tokenizer(tmp)
