@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from vllm_omni.cpu.checks import whole_number
+from vllm_omni.cpu.frame import StepStats
 from vllm_omni.tts.checkpoint import Checkpoint
 from vllm_omni.tts.prompt import Prompt
 
@@ -53,20 +54,10 @@ class Sampling:
 
 
 @dataclass
-class FrameTimes:
-    """Milliseconds of one frame's generation, split as the study splits a frame."""
-
-    talker_ms: float = 0.0
-    predictor_ms: float = 0.0
-    sampler_ms: float = 0.0
-    bookkeeping_ms: float = 0.0
-
-
-@dataclass
 class GenerationStats:
     prefill_ms: float = 0.0
     prefill_positions: int = 0
-    frames: list[FrameTimes] = field(default_factory=list)
+    frames: list[StepStats] = field(default_factory=list)  # a frame split as the study splits one
     stopped_at_eos: bool = False
 
 
@@ -140,7 +131,7 @@ class CodeGenerator:
             if c0 == eos:
                 stats.stopped_at_eos = True
                 return
-            times = FrameTimes(sampler_ms=sample_ms)
+            times = StepStats(talker_ms=0.0, predictor_ms=0.0, sampler_ms=sample_ms, bookkeeping_ms=0.0)
             t2 = time.perf_counter()
             codes, embed_sum = self.predictor.frame(
                 hidden, self.codec_embedding[c0], greedy=sub_greedy, temperature=sampling.subtalker_temperature,

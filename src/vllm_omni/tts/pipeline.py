@@ -19,6 +19,7 @@ from typing import Iterator
 import numpy as np
 
 from vllm_omni.cpu.checks import whole_number
+from vllm_omni.cpu.frame import StepStats
 from vllm_omni.tts.checkpoint import Checkpoint, load_checkpoint
 from vllm_omni.tts.generate import CodeGenerator, GenerationStats, Sampling
 from vllm_omni.tts.prompt import build_prompt
@@ -58,14 +59,12 @@ class SpeechStats:
 
     def median_split(self) -> dict[str, float]:
         """Median ms per frame of each part (talker, predictor, sampler, decoder, bookkeeping)."""
-        f = self.generation.frames
-        if not f:
+        if not self.generation.frames:
             return {}
-        pick = {k: statistics.median(getattr(x, f"{k}_ms") for x in f)
-                for k in ("talker", "predictor", "sampler", "bookkeeping")}
-        pick["decoder"] = statistics.median(self.decoder_ms) if self.decoder_ms else 0.0
-        return pick
-
+        m = StepStats.median(self.generation.frames)
+        return {"talker": m.talker_ms, "predictor": m.predictor_ms, "sampler": m.sampler_ms,
+                "bookkeeping": m.bookkeeping_ms,
+                "decoder": statistics.median(self.decoder_ms) if self.decoder_ms else 0.0}
 
 RAMP = (1, 1, 2, 2)
 

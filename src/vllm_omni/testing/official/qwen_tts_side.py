@@ -50,6 +50,18 @@ def write(root: Path, configs_path: Path, seed: int) -> None:
     write_tokenizer(root)
 
 
+def _generate(tts, p: dict, do_sample):
+    """The official generate for one prompt, as ``generate_custom_voice`` calls it: the codes of its frames."""
+    input_ids = tts._tokenize_texts([tts._build_assistant_text(p["text"])])
+    kwargs = tts._merge_generate_kwargs(do_sample=do_sample, subtalker_dosample=do_sample,
+                                        max_new_tokens=p["max_new_tokens"])
+    instruct = p.get("instruct")
+    instruct_ids = [tts._tokenize_texts([tts._build_instruct_text(instruct)])[0] if instruct else None]
+    codes, _ = tts.model.generate(input_ids=input_ids, instruct_ids=instruct_ids, languages=[p["language"]],
+                                  speakers=[p["speaker"]], non_streaming_mode=p["non_streaming_mode"], **kwargs)
+    return codes
+
+
 def run(root: Path, request_path: Path, out_path: Path) -> None:
     from qwen_tts import Qwen3TTSModel
 
@@ -60,13 +72,7 @@ def run(root: Path, request_path: Path, out_path: Path) -> None:
         ids = tts.processor(text=text, return_tensors="pt")["input_ids"][0]
         out[f"ids_{i}"] = ids.numpy().astype(np.int64)
     for i, p in enumerate(req.get("prompts", [])):
-        input_ids = tts._tokenize_texts([tts._build_assistant_text(p["text"])])
-        kwargs = tts._merge_generate_kwargs(do_sample=False, subtalker_dosample=False,
-                                            max_new_tokens=p["max_new_tokens"])
-        instruct = p.get("instruct")
-        instruct_ids = [tts._tokenize_texts([tts._build_instruct_text(instruct)])[0] if instruct else None]
-        codes, _ = tts.model.generate(input_ids=input_ids, instruct_ids=instruct_ids, languages=[p["language"]],
-                                      speakers=[p["speaker"]], non_streaming_mode=p["non_streaming_mode"], **kwargs)
+        codes = _generate(tts, p, do_sample=False)
         out[f"codes_{i}"] = codes[0].numpy().astype(np.int64)
         if len(codes[0]):
             wavs, _ = tts.model.speech_tokenizer.decode([{"audio_codes": codes[0]}])
@@ -99,12 +105,8 @@ def bench(root: Path, request_path: Path, out_path: Path) -> None:
                             "qwen_tts": getattr(qwen_tts, "__version__", None) or "0.1.1"})
     for p in req["prompts"]:
         for _ in range(int(req.get("repeats", 1))):
-            input_ids = tts._tokenize_texts([tts._build_assistant_text(p["text"])])
-            kwargs = tts._merge_generate_kwargs(do_sample=req.get("do_sample"), subtalker_dosample=req.get("do_sample"),
-                                                max_new_tokens=p["max_new_tokens"])
             t1 = time.perf_counter()
-            codes, _ = tts.model.generate(input_ids=input_ids, instruct_ids=[None], languages=[p["language"]],
-                                          speakers=[p["speaker"]], non_streaming_mode=p["non_streaming_mode"], **kwargs)
+            codes = _generate(tts, p, do_sample=req.get("do_sample"))
             t2 = time.perf_counter()
             wavs, _ = tts.model.speech_tokenizer.decode([{"audio_codes": codes[0]}])
             t3 = time.perf_counter()
