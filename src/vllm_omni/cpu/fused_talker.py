@@ -17,7 +17,7 @@ from torch import Tensor
 
 from vllm_omni.cpu.hugepages import into_huge_arena
 from vllm_omni.cpu.predictor import NativeStack, vo_mat
-from vllm_omni.cpu.quant import check_format, quantize
+from vllm_omni.cpu.quant import Packer, check_format, pack_now
 from vllm_omni.cpu.weights import TalkerWeights
 
 
@@ -30,14 +30,15 @@ class FusedTalker:
     """``step(x) -> (logits [3072], hidden [H])`` with a static KV cache of ``max_positions``."""
 
     def __init__(self, weights: TalkerWeights, fmt: str = "fp32", threads: int | None = None,
-                 max_positions: int = 2048, variant: str = "native", kv_cache: str | None = None):
+                 max_positions: int = 2048, variant: str = "native", kv_cache: str | None = None,
+                 packer: Packer = pack_now):
         self.spec, self.fmt = weights.spec, check_format(fmt)
         st = weights.spec.talker
         self.hidden = st.hidden
         self.native = NativeStack(weights.layers, weights.norm, st, fmt, threads, max_positions, variant=variant,
-                                  kv_cache=kv_cache or default_kv_cache(fmt))
+                                  kv_cache=kv_cache or default_kv_cache(fmt), packer=packer, name="talker")
         self.lib = self.native.lib
-        self._head_arena, (self.head,), huge = into_huge_arena([quantize(weights.codec_head, fmt)])
+        self._head_arena, (self.head,), huge = into_huge_arena([packer("talker.head", fmt, lambda: weights.codec_head)])
         self.native.huge_page_bytes += huge
         self.c_head = vo_mat(self.head)
         self.codec_embedding = weights.codec_embedding

@@ -21,7 +21,7 @@ from torch import Tensor
 from vllm_omni.cpu import native
 from vllm_omni.cpu.checks import whole_number
 from vllm_omni.cpu.hugepages import into_huge_arena
-from vllm_omni.cpu.quant import QuantMatrix, check_format, quantize
+from vllm_omni.cpu.quant import Packer, QuantMatrix, check_format, pack_now
 from vllm_omni.cpu.reference import rope_tables
 from vllm_omni.cpu.sampler import check_sampling
 from vllm_omni.cpu.weights import BlockWeights, PredictorWeights
@@ -48,7 +48,8 @@ class NativeStack:
     """A decoder stack packed for the native kernels, with its KV cache (fp32 or fp16) and workspace."""
 
     def __init__(self, layers: list[BlockWeights], norm: Tensor, stack: StackSpec, fmt: str, threads: int | None,
-                 max_positions: int, extra_len: int = 0, variant: str = "native", kv_cache: str = "fp32"):
+                 max_positions: int, extra_len: int = 0, variant: str = "native", kv_cache: str = "fp32",
+                 packer: Packer = pack_now, name: str = "stack"):
         if kv_cache not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache!r}")
         self.fmt, self.stack, self.max_positions = check_format(fmt), stack, whole_number("max_positions", max_positions)
@@ -61,10 +62,14 @@ class NativeStack:
         self.c_layers = (native.VoLayer * len(layers))()
         self.bytes = 0
         packed = []
-        for w in layers:
+        for i, w in enumerate(layers):
+            # the fp32 matrices are made only when the packer needs them (lazy weights stay unread)
+            def pack(part: str, make) -> QuantMatrix:
+                return packer(f"{name}.{i}.{part}", fmt, make)
+
             packed += [
-                quantize(torch.cat([w.q_proj, w.k_proj, w.v_proj]), fmt), quantize(w.o_proj, fmt),
-                quantize(torch.cat([w.gate_proj, w.up_proj]), fmt), quantize(w.down_proj, fmt),
+                pack("qkv", lambda: torch.cat([w.q_proj, w.k_proj, w.v_proj])), pack("o", lambda: w.o_proj),
+                pack("gate_up", lambda: torch.cat([w.gate_proj, w.up_proj])), pack("down", lambda: w.down_proj),
                 w.input_norm.float(), w.post_norm.float(), w.q_norm.float(), w.k_norm.float(),
             ]
         packed.append(norm.float())
@@ -143,22 +148,22 @@ class FusedPredictor:
     """The code predictor as one native call per frame (see the module doc)."""
 
     def __init__(self, weights: PredictorWeights, fmt: str = "fp32", threads: int | None = None,
-                 variant: str = "native"):
+                 variant: str = "native", packer: Packer = pack_now):
         self.spec, self.fmt = weights.spec, check_format(fmt)
         spec = weights.spec
         self.groups, self.vocab, self.ht = spec.residual_codebooks, spec.codebook_size, spec.talker.hidden
         self.native = NativeStack(weights.layers, weights.norm, spec.predictor, fmt, threads,
                                   max_positions=spec.num_code_groups, extra_len=max(3 * self.vocab, self.ht),
-                                  variant=variant)
+                                  variant=variant, packer=packer, name="predictor")
         self.lib = self.native.lib
-        self._heads_arena, self.heads, huge = into_huge_arena([quantize(weights.lm_head[i], fmt)
-                                                               for i in range(self.groups)])
+        heads = [packer(f"predictor.head.{i}", fmt, lambda i=i: weights.lm_head[i]) for i in range(self.groups)]
+        self._heads_arena, self.heads, huge = into_huge_arena(heads)
         self.native.huge_page_bytes += huge
         self.c_heads = (native.VoMat * self.groups)(*[vo_mat(h) for h in self.heads])
         self.embedding = weights.codec_embedding.float().contiguous()
         self.proj = self.proj_bias = None
         if weights.proj_weight is not None:
-            self.proj = quantize(weights.proj_weight, fmt)
+            self.proj = packer("predictor.proj", fmt, lambda: weights.proj_weight)
             self.proj_bias = weights.proj_bias.float().contiguous()
         self.c_proj = vo_mat(self.proj) if self.proj is not None else native.VoMat(None, None, 0, 0)
         self._codes = torch.empty(self.groups, dtype=torch.int64)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -61,6 +62,21 @@ class QuantMatrix:
 
     def dequantize(self) -> Tensor:
         return dequantize(self)
+
+
+# Bump when a format's stored layout (the module doc) changes: packed matrices saved by an older
+# layout (``vllm_omni.tts.weight_cache``) are then rebuilt instead of read.
+LAYOUT_VERSION = 1
+
+# ``packer(name, fmt, make)`` returns the packed matrix ``name``; ``make()`` gives its fp32 values
+# and is called, within the call, only when the matrix must be packed now (a packer may have it
+# already).
+Packer = Callable[[str, str, Callable[[], Tensor]], "QuantMatrix"]
+
+
+def pack_now(name: str, fmt: str, make: Callable[[], Tensor]) -> "QuantMatrix":
+    """The default packer: quantize ``make()`` at once (``name`` is not used)."""
+    return quantize(make(), fmt)
 
 
 def packed_width(cols: int, fmt: str) -> int:

@@ -4,8 +4,12 @@ Why the checks come first: a folder with a missing file, a tensor whose shape di
 config or an unknown model type is refused before any weight is converted, with the file and
 the tensor or field named. The weights come out as the plain fp32 dataclasses the fused kernels
 and the eager reference already take (``vllm_omni.cpu.weights``), so speech runs on the same
-code the benchmarks measure. The text embedding (151936 rows, 622 MB in bf16) stays in the
-file: a prompt reads only its own rows.
+code the benchmarks measure, with one difference: the large matrices are read from the file
+(and converted to fp32) when they are used, not at load, and are not kept. The fused kernels
+read each once, to pack it, so a start holds one fp32 matrix at a time rather than all of them
+(about 2.4 GB for 0.6B), and a start from packed weights already cached
+(``vllm_omni.tts.weight_cache``) never reads them. The text embedding (151936 rows, 622 MB in
+bf16) stays in the file too: a prompt reads only its own rows.
 """
 
 from __future__ import annotations
@@ -86,8 +90,8 @@ class Checkpoint:
 
     config: CheckpointConfig
     tokenizer: TextTokenizer
-    talker: Any  # vllm_omni.cpu.weights.TalkerWeights
-    predictor: Any  # vllm_omni.cpu.weights.PredictorWeights
+    talker: Any  # shaped like vllm_omni.cpu.weights.TalkerWeights, large matrices read on use
+    predictor: Any  # shaped like vllm_omni.cpu.weights.PredictorWeights, likewise
     text: TextWeights
     decoder: dict[str, Any]  # decoder.* tensors, fp32
 
@@ -96,45 +100,74 @@ class Checkpoint:
         return self.config.path
 
 
-def _block(f: _TensorFile, prefix: str):
-    from vllm_omni.cpu.weights import BlockWeights
+class _FromFile:
+    """Attributes in ``names`` are read from ``file`` (fp32) each time they are used; others are plain."""
 
+    def __init__(self, file: _TensorFile, names: dict[str, str], **plain: Any):
+        self._file, self._names = file, names
+        self.__dict__.update(plain)
+
+    def __getattr__(self, attr: str):
+        names = self.__dict__.get("_names", {})
+        if attr not in names:
+            raise AttributeError(f"{type(self).__name__} has no attribute {attr!r}")
+        return self._file.fp32(names[attr])
+
+
+class LazyBlock(_FromFile):
+    """A ``BlockWeights`` whose seven matrices stay in the file until used; the norms are read at once."""
+
+    def matrices(self) -> dict[str, Any]:
+        return {n: getattr(self, n) for n in self._names}
+
+
+class LazyRows:
+    """``t[i]`` is tensor ``names[i]`` read from the file (the predictor's 15 heads, one at a time)."""
+
+    def __init__(self, file: _TensorFile, names: list[str]):
+        self._file, self._names = file, names
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __getitem__(self, i: int):
+        return self._file.fp32(self._names[i])
+
+
+def _block(f: _TensorFile, prefix: str) -> LazyBlock:
     a, m = f"{prefix}.self_attn", f"{prefix}.mlp"
-    return BlockWeights(
-        input_norm=f.fp32(f"{prefix}.input_layernorm.weight"), q_proj=f.fp32(f"{a}.q_proj.weight"),
-        k_proj=f.fp32(f"{a}.k_proj.weight"), v_proj=f.fp32(f"{a}.v_proj.weight"), q_norm=f.fp32(f"{a}.q_norm.weight"),
-        k_norm=f.fp32(f"{a}.k_norm.weight"), o_proj=f.fp32(f"{a}.o_proj.weight"),
-        post_norm=f.fp32(f"{prefix}.post_attention_layernorm.weight"), gate_proj=f.fp32(f"{m}.gate_proj.weight"),
-        up_proj=f.fp32(f"{m}.up_proj.weight"), down_proj=f.fp32(f"{m}.down_proj.weight"),
-    )
+    matrices = {"q_proj": f"{a}.q_proj.weight", "k_proj": f"{a}.k_proj.weight", "v_proj": f"{a}.v_proj.weight",
+                "o_proj": f"{a}.o_proj.weight", "gate_proj": f"{m}.gate_proj.weight", "up_proj": f"{m}.up_proj.weight",
+                "down_proj": f"{m}.down_proj.weight"}
+    return LazyBlock(f, matrices, input_norm=f.fp32(f"{prefix}.input_layernorm.weight"),
+                     post_norm=f.fp32(f"{prefix}.post_attention_layernorm.weight"),
+                     q_norm=f.fp32(f"{a}.q_norm.weight"), k_norm=f.fp32(f"{a}.k_norm.weight"))
 
 
 def load_checkpoint(model_dir: str | Path) -> Checkpoint:
     """Read and check ``model_dir``; CheckpointError (naming the file and the field) on any fault."""
     import torch
 
-    from vllm_omni.cpu.weights import PredictorWeights, TalkerWeights
-
     cfg = load_config(model_dir)
     tokenizer = load_tokenizer(cfg)
     spec = cfg.spec
     f = _TensorFile(cfg.path / MODEL_FILE, talker_shapes(cfg))
     d = _TensorFile(cfg.path / DECODER_FILE, decoder_shapes(cfg.decoder))
-    talker = TalkerWeights(
-        spec, [_block(f, f"talker.model.layers.{i}") for i in range(spec.talker.layers)],
-        f.fp32("talker.model.norm.weight"), f.fp32("talker.model.codec_embedding.weight"),
-        f.fp32("talker.codec_head.weight"),
-    )
+    talker = _FromFile(f, {"codec_head": "talker.codec_head.weight"}, spec=spec,
+                       layers=[_block(f, f"talker.model.layers.{i}") for i in range(spec.talker.layers)],
+                       norm=f.fp32("talker.model.norm.weight"),
+                       codec_embedding=f.fp32("talker.model.codec_embedding.weight"))
     cp = "talker.code_predictor"
     groups = range(spec.residual_codebooks)
-    proj_w = proj_b = None
+    lazy, plain = {}, {"proj_weight": None, "proj_bias": None}  # the projection is 1.7B's only
     if spec.needs_projection:
-        proj_w, proj_b = f.fp32(f"{cp}.small_to_mtp_projection.weight"), f.fp32(f"{cp}.small_to_mtp_projection.bias")
-    predictor = PredictorWeights(
-        spec, [_block(f, f"{cp}.model.layers.{i}") for i in range(spec.predictor.layers)],
-        f.fp32(f"{cp}.model.norm.weight"),
-        torch.stack([f.fp32(f"{cp}.model.codec_embedding.{g}.weight") for g in groups]),
-        torch.stack([f.fp32(f"{cp}.lm_head.{g}.weight") for g in groups]), proj_w, proj_b,
+        lazy = {"proj_weight": f"{cp}.small_to_mtp_projection.weight"}
+        plain = {"proj_bias": f.fp32(f"{cp}.small_to_mtp_projection.bias")}
+    predictor = _FromFile(
+        f, lazy, spec=spec, layers=[_block(f, f"{cp}.model.layers.{i}") for i in range(spec.predictor.layers)],
+        norm=f.fp32(f"{cp}.model.norm.weight"),
+        codec_embedding=torch.stack([f.fp32(f"{cp}.model.codec_embedding.{g}.weight") for g in groups]),
+        lm_head=LazyRows(f, [f"{cp}.lm_head.{g}.weight" for g in groups]), **plain,
     )
     tp = "talker.text_projection"
     text = TextWeights(f, f.fp32(f"{tp}.linear_fc1.weight"), f.fp32(f"{tp}.linear_fc1.bias"),

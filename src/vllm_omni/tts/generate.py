@@ -64,14 +64,22 @@ class GenerationStats:
 class CodeGenerator:
     """The fused talker and predictor of one checkpoint, ready to generate (weights packed once)."""
 
-    def __init__(self, ckpt: Checkpoint, weights: str = "int4", threads: int | None = None, max_positions: int = 4096):
+    def __init__(self, ckpt: Checkpoint, weights: str = "int4", threads: int | None = None, max_positions: int = 4096,
+                 cache: bool = True):
         from vllm_omni.cpu.fused_talker import FusedTalker
         from vllm_omni.cpu.predictor import FusedPredictor
+        from vllm_omni.cpu.quant import pack_now
+        from vllm_omni.tts.weight_cache import CACHED_FORMATS, PackedWeights
 
         self.ckpt, self.weights = ckpt, weights
         self.max_positions = whole_number("max_positions", max_positions, 2)
-        self.talker = FusedTalker(ckpt.talker, weights, threads, max_positions=self.max_positions)
-        self.predictor = FusedPredictor(ckpt.predictor, weights, threads)
+        packer = PackedWeights.open(ckpt, weights) if cache and weights in CACHED_FORMATS else None
+        self.cache = packer  # None: not cached (fp32, or asked not to)
+        pack = packer or pack_now
+        self.talker = FusedTalker(ckpt.talker, weights, threads, max_positions=self.max_positions, packer=pack)
+        self.predictor = FusedPredictor(ckpt.predictor, weights, threads, packer=pack)
+        if packer is not None:
+            packer.finish()
         self.codec_embedding = ckpt.talker.codec_embedding
         self.spec = ckpt.config.spec
 
