@@ -242,6 +242,68 @@ def test_generation_stops_at_eos_and_drops_its_frame(speech, monkeypatch):
     assert len(frames) == 3 and stats.stopped_at_eos and all(int(f[0]) != 2150 for f in frames)
 
 
+# --- the packed-weight cache ------------------------------------------------------------------
+
+def _reads(monkeypatch) -> list[str]:
+    """Names of the checkpoint tensors read (converted to fp32) from now on."""
+    from vllm_omni.tts import checkpoint as C
+
+    names, real = [], C._TensorFile.fp32
+
+    def fp32(self, name):
+        names.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(C._TensorFile, "fp32", fp32)
+    return names
+
+
+MATRIX_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "codec_head", "lm_head")
+
+
+def test_a_second_start_reads_the_packed_cache_and_no_large_matrix(tiny_dir, tmp_path, monkeypatch):
+    from vllm_omni.tts.weight_cache import cache_path
+
+    ck = _copy(tiny_dir, tmp_path / "ck")
+    kw = dict(text="Hello there.", speaker="ryan", language="english", greedy=True, max_frames=6)
+    reads = _reads(monkeypatch)
+    first = Speech.load(ck, weights="int4", threads=1, max_positions=128)
+    assert first.generator.cache.made > 0 and not first.generator.cache.hit and cache_path(ck, "int4").is_file()
+    assert any(part in n for n in reads for part in MATRIX_PARTS)  # the first start packed from the file
+    a = first.synthesize(**kw)
+    reads.clear()
+    second = Speech.load(ck, weights="int4", threads=1, max_positions=128)
+    assert second.generator.cache.hit and second.generator.cache.made == 0
+    assert not [n for n in reads if n.startswith("talker.") and any(part in n for part in MATRIX_PARTS)]
+    assert np.array_equal(a, second.synthesize(**kw))
+    assert not [f for f in cache_path(ck, "int4").parent.iterdir() if f.name.endswith(".part")]
+
+
+def test_a_stale_or_broken_cache_is_rebuilt_and_an_unwritable_one_is_skipped(tiny_dir, tmp_path, capsys):
+    import os
+
+    from vllm_omni.tts.weight_cache import PackedWeights, cache_path
+
+    ck = _copy(tiny_dir, tmp_path / "ck")
+    Speech.load(ck, weights="int8", threads=1, max_positions=64)
+    path = cache_path(ck, "int8")
+    st = (ck / "model.safetensors").stat()
+    os.utime(ck / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the weights changed
+    assert "weights_mtime_ns differ" in PackedWeights.open(load_checkpoint(ck), "int8").problem
+    again = Speech.load(ck, weights="int8", threads=1, max_positions=64)
+    assert again.generator.cache.made > 0 and Speech.load(ck, weights="int8", threads=1).generator.cache.hit
+    path.write_bytes(b"not a safetensors file")
+    assert "unreadable" in PackedWeights.open(load_checkpoint(ck), "int8").problem
+    assert Speech.load(ck, weights="int8", threads=1, max_positions=64).generator.cache.made > 0
+    plain = _copy(tiny_dir, tmp_path / "plain")
+    (plain / ".qwen3-tts-edge").write_text("a file where the cache folder would go")
+    s = Speech.load(plain, weights="int4", threads=1, max_positions=64)
+    assert "packed weights not cached" in capsys.readouterr().err and s.synthesize("Hi.", speaker="ryan", max_frames=2).size
+    off = _copy(tiny_dir, tmp_path / "off")
+    assert Speech.load(off, weights="int4", threads=1, max_positions=64, cache=False).generator.cache is None
+    assert not (off / ".qwen3-tts-edge").exists()
+
+
 # --- the WAV and the command ------------------------------------------------------------------
 
 def test_an_interrupted_wav_leaves_nothing(tmp_path):

@@ -3,6 +3,7 @@
     qwen3-tts-edge speak --model DIR --text "Hello." --speaker ryan --language english --out hello.wav
     qwen3-tts-edge random-checkpoint --out DIR [--size 0.6B]
     qwen3-tts-edge voices --model DIR
+    qwen3-tts-edge serve --model DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY]
 
 Every argument is checked before a weight is read: a bad path, an unknown speaker or language,
 empty text or a thread count out of range ends with one line on standard error and exit
@@ -20,24 +21,22 @@ from vllm_omni.tts.config import CheckpointError
 EXIT_BAD_INPUT = 2
 
 
-def _threads(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= 1024:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 1024, got {text!r}")
-    return n
+def _whole(lo: int, hi: int | None = None):
+    """An argparse type: a whole number in lo..hi (no upper bound when hi is None)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = lo - 1
+        if n < lo or (hi is not None and n > hi):
+            bound = f"from {lo} to {hi}" if hi is not None else f">= {lo}"
+            raise argparse.ArgumentTypeError(f"must be a whole number {bound}, got {text!r}")
+        return n
+
+    return parse
 
 
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
-    return n
+_threads, _positive, _count, _port = _whole(1, 1024), _whole(1), _whole(0), _whole(0, 65535)
 
 
 def _text(args: argparse.Namespace) -> str:
@@ -69,7 +68,7 @@ def speak(args: argparse.Namespace) -> int:
     from vllm_omni.tts.prompt import resolve_language, resolve_speaker
 
     resolve_language(cfg, args.language, resolve_speaker(cfg, args.speaker))  # before any weight is read
-    speech = Speech.load(args.model, weights=args.weights, threads=args.threads)
+    speech = Speech.load(args.model, weights=args.weights, threads=args.threads, cache=not args.no_cache)
     chunks = speech.stream(text, speaker=args.speaker, language=args.language, instruct=args.instruct,
                            streaming_text=not args.non_streaming_text, greedy=True if args.greedy else None,
                            seed=args.seed, max_frames=args.max_frames)
@@ -123,6 +122,48 @@ def voices(args: argparse.Namespace) -> int:
     return 0
 
 
+API_KEY_ENV = "QWEN3_TTS_EDGE_API_KEY"
+
+
+def serve(args: argparse.Namespace) -> int:
+    import os
+
+    from vllm_omni.tts.config import load_config
+
+    cfg = load_config(args.model)  # a wrong folder fails before the weights are read
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        print(f"qwen3-tts-edge serve: note: listening on {args.host} without an API key (--api-key or ${API_KEY_ENV})",
+              file=sys.stderr)
+    import uvicorn
+
+    from vllm_omni.tts.pipeline import Speech
+    from vllm_omni.tts.server.app import create_app
+    from vllm_omni.tts.server.engine import SpeechEngine
+
+    speech = Speech.load(args.model, weights=args.weights, threads=args.threads, max_positions=args.max_positions,
+                         cache=not args.no_cache)
+    engine = SpeechEngine(speech, max_queue=args.max_queue, timeout_s=args.timeout, max_frames=args.max_frames)
+    app = create_app(engine, model_id=args.served_model_name or cfg.family, api_key=api_key)
+    print(f"serving {args.served_model_name or cfg.family} on http://{args.host}:{args.port}/v1/audio/speech",
+          file=sys.stderr)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        engine.close()
+    return 0
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = 0.0
+    if not 0 < v <= 86400:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0 (at most 86400), got {text!r}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="qwen3-tts-edge", description="Qwen3-TTS on the CPU: text in, 24 kHz speech out.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -139,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--weights", choices=("fp32", "int8", "int4"), default="int4",
                    help="format of the talker and predictor weights (default int4)")
     s.add_argument("--threads", type=_threads, help="CPU threads (default: the usable CPUs)")
+    s.add_argument("--no-cache", action="store_true",
+                   help="pack the int8/int4 weights anew and do not keep them in the checkpoint's "
+                        ".qwen3-tts-edge folder (by default a second start reads them from there)")
     s.add_argument("--greedy", action="store_true", help="argmax instead of sampling (the official greedy rules)")
     s.add_argument("--seed", type=int, default=0, help="seed of the sampling noise (default 0)")
     s.add_argument("--max-frames", type=_positive, help="stop after this many 80 ms frames")
@@ -156,6 +200,24 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--decoder-layers", type=_positive, help="fewer decoder transformer layers than 8 (tests)")
     r.add_argument("--overwrite", action="store_true", help="replace an existing directory")
     r.set_defaults(func=random_checkpoint)
+    sv = sub.add_parser("serve", help="serve an OpenAI-compatible /v1/audio/speech over HTTP")
+    sv.add_argument("--model", required=True, help="an official Qwen3-TTS checkpoint directory")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    sv.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
+    sv.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on /v1/ (or set ${API_KEY_ENV})")
+    sv.add_argument("--served-model-name", help="the model id clients send (default: the checkpoint's family name)")
+    sv.add_argument("--weights", choices=("fp32", "int8", "int4"), default="int4")
+    sv.add_argument("--threads", type=_threads, help="CPU threads (default: the usable CPUs)")
+    sv.add_argument("--no-cache", action="store_true", help="do not read or keep the packed weights (see speak)")
+    sv.add_argument("--max-queue", type=_count, default=4,
+                    help="requests that may wait while one is spoken (default 4); beyond: 429 with Retry-After")
+    sv.add_argument("--timeout", type=_seconds, default=120.0,
+                    help="seconds a request may take, waiting included (default 120); then 504 or a cut stream")
+    sv.add_argument("--max-frames", type=_positive, help="frames per request at most (default: the checkpoint's)")
+    sv.add_argument("--max-positions", type=_positive, default=4096,
+                    help="talker positions (prompt and frames) a request may use (default 4096)")
+    sv.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    sv.set_defaults(func=serve)
     v = sub.add_parser("voices", help="list a checkpoint's speakers and languages")
     v.add_argument("--model", required=True)
     v.set_defaults(func=voices)

@@ -1,7 +1,8 @@
 """One pipeline, two faces: text in, 24 kHz audio chunks out as soon as they are made.
 
 ``Speech.load(DIR)`` reads and checks a checkpoint, packs the talker and the predictor once for
-the fused kernels (fp32, int8 or int4), and builds the streaming decoder. ``Speech.stream(...)``
+the fused kernels (fp32, int8 or int4; int8 and int4 are cached in the checkpoint's folder, so a
+second start reads them, ``vllm_omni.tts.weight_cache``), and builds the streaming decoder. ``Speech.stream(...)``
 then yields ``AudioChunk``s: the first after one frame (80 ms of audio), then chunks that grow
 to ``chunk_frames`` frames (``chunk_schedule``), each decoded from the state the decoder kept,
 so the concatenation is the whole utterance's decode. The command (``qwen3-tts-edge speak``) and the benchmarks call
@@ -14,7 +15,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -47,6 +48,7 @@ class SpeechStats:
     first_audio_s: float | None = None
     total_s: float = 0.0
     frames: int = 0
+    stopped: bool = False  # ended early by the caller's ``stop``
 
     @property
     def audio_s(self) -> float:
@@ -87,7 +89,8 @@ def chunk_schedule(steady: int) -> Iterator[int]:
 class Speech:
     """A checkpoint ready to speak (see the module doc)."""
 
-    def __init__(self, ckpt: Checkpoint, weights: str = "int4", threads: int | None = None, max_positions: int = 2048):
+    def __init__(self, ckpt: Checkpoint, weights: str = "int4", threads: int | None = None, max_positions: int = 2048,
+                 cache: bool = True):
         import torch
 
         from vllm_omni.cpu.predictor import default_threads
@@ -98,7 +101,7 @@ class Speech:
         self.threads = default_threads() if threads is None else whole_number("threads", threads, 1, 1024)
         torch.set_num_threads(self.threads)
         self.ckpt, self.weights = ckpt, weights
-        self.generator = CodeGenerator(ckpt, weights, self.threads, max_positions=max_positions)
+        self.generator = CodeGenerator(ckpt, weights, self.threads, max_positions=max_positions, cache=cache)
         self.decoder = StreamingDecoder(ckpt.decoder, ckpt.config.decoder)
         self.sample_rate = ckpt.config.decoder.spec.sample_rate
         self.samples_per_frame = ckpt.config.decoder.spec.samples_per_frame
@@ -106,12 +109,13 @@ class Speech:
 
     @classmethod
     def load(cls, model_dir: str | Path, weights: str = "int4", threads: int | None = None,
-             max_positions: int = 2048) -> "Speech":
+             max_positions: int = 2048, cache: bool = True) -> "Speech":
+        """Load ``model_dir``; ``cache``: read and keep the packed int8/int4 weights in it (``weight_cache``)."""
         if weights not in WEIGHT_FORMATS:  # before reading gigabytes
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
         if threads is not None:
             whole_number("threads", threads, 1, 1024)
-        return cls(load_checkpoint(model_dir), weights, threads, max_positions)
+        return cls(load_checkpoint(model_dir), weights, threads, max_positions, cache)
 
     @property
     def speakers(self) -> list[str]:
@@ -123,8 +127,14 @@ class Speech:
 
     def stream(self, text: str, *, speaker: str | None = None, language: str | None = "auto",
                instruct: str | None = None, streaming_text: bool = True, greedy: bool | None = None, seed: int = 0,
-               max_frames: int | None = None, chunk_frames: int = 4) -> Iterator[AudioChunk]:
-        """Yield the utterance's audio chunk by chunk; ``last_stats`` holds its timings afterwards."""
+               max_frames: int | None = None, chunk_frames: int = 4,
+               stop: Callable[[], bool] | None = None) -> Iterator[AudioChunk]:
+        """Yield the utterance's audio chunk by chunk; ``last_stats`` holds its timings afterwards.
+
+        ``stop`` is asked as each frame's codes arrive; when it says True the utterance ends there, its
+        frames not yet decoded dropped and ``last_stats.stopped`` set (a server's cancelled or
+        timed-out request).
+        """
         import torch
 
         start = time.perf_counter()
@@ -157,12 +167,15 @@ class Speech:
         sizes = iter(chunk_schedule(chunk_frames))
         want = next(sizes)
         for codes in self.generator.generate(prompt, sampling, max_frames=max_frames, stats=stats.generation):
+            if stop is not None and stop():
+                stats.stopped = True
+                break
             pending.append(codes)
             stats.frames += 1
             if len(pending) >= want:
                 yield flush()
                 want = next(sizes)
-        if pending:
+        if pending and not stats.stopped:
             yield flush()
         stats.total_s = time.perf_counter() - start
 

@@ -1,0 +1,70 @@
+"""The wire format: OpenAI's ``POST /v1/audio/speech`` request, its errors, and the audio bytes.
+
+The request takes OpenAI's fields (``model``, ``input``, ``voice``, ``instructions``,
+``response_format``, ``speed``, ``stream_format``) and three of this server's own: ``stream``
+(send audio as it is decoded), ``language`` (the checkpoint's names, or auto) and ``seed``.
+Validation is strict and every refusal names its field, in OpenAI's error shape
+``{"error": {"message", "type", "param", "code"}}``, so an OpenAI client shows it as it shows
+OpenAI's own. Audio is 24 kHz mono 16-bit: ``wav`` (a complete file; streamed, its size fields
+say "until the end") or ``pcm`` (the raw little-endian samples, as OpenAI's ``pcm``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+FORMATS = ("wav", "pcm")
+MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"}
+MAX_INPUT_CHARS = 4096  # OpenAI's limit for this endpoint
+
+
+class SpeechRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str
+    input: str = Field(max_length=MAX_INPUT_CHARS)
+    voice: str | None = None
+    instructions: str | None = None
+    response_format: str = "wav"
+    speed: float = 1.0
+    stream_format: Literal["audio"] | None = None
+    stream: bool = False
+    language: str = "auto"
+    seed: int = Field(default=0, ge=0, lt=2**63)
+
+
+class RequestError(Exception):
+    """A refused request: HTTP ``status``, a message naming ``param``, OpenAI's error ``kind`` and ``code``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def parse_request(data: Any) -> SpeechRequest:
+    """A checked ``SpeechRequest`` from decoded JSON; RequestError (400, naming the field) otherwise."""
+    if not isinstance(data, dict):
+        raise RequestError(400, "the request body must be a JSON object")
+    try:
+        req = SpeechRequest.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or None
+        what = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+        raise RequestError(400, f"{field}: {what}" if field else what, param=field) from None
+    if not req.input.strip():
+        raise RequestError(400, "input: is empty; give the words to speak", param="input")
+    if req.response_format not in FORMATS:
+        raise RequestError(400, f"response_format: {req.response_format!r} is not served here; valid: "
+                                f"{', '.join(FORMATS)}", param="response_format")
+    if req.speed != 1.0:
+        raise RequestError(400, f"speed: only 1.0 is supported (got {req.speed}); the model speaks at its own pace",
+                           param="speed")
+    return req

@@ -1,0 +1,242 @@
+"""The speech server on loopback: a real OpenAI client, the wire format, and behaviour under faults.
+
+A small random-weight checkpoint (our writer) is served by the real engine and app through
+uvicorn on 127.0.0.1. Where a test needs a request to be slow, to fail or to be cut, the real
+``Speech.stream`` is wrapped so that it waits on a gate or raises after its first chunk; the
+audio still comes from the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import struct
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from vllm_omni.tts.pipeline import Speech
+from vllm_omni.tts.random_checkpoint import write_random_checkpoint
+from vllm_omni.tts.server.app import create_app
+from vllm_omni.tts.server.engine import SpeechEngine
+from vllm_omni.tts.wav import UNKNOWN_SIZE
+
+SHAPE = dict(talker_layers=2, predictor_layers=1, decoder_layers=1, text_hidden=256, decoder_dim=384)
+MAX_FRAMES = 6
+SAMPLES = 1920
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory) -> Speech:
+    ck = write_random_checkpoint(tmp_path_factory.mktemp("serve") / "tiny", "0.6B", dtype="fp32", **SHAPE)
+    return Speech.load(ck, weights="fp32", threads=2, max_positions=256)
+
+
+@contextlib.contextmanager
+def serving(speech, api_key=None, **engine_kw):
+    """The app on 127.0.0.1 (a free port) in a thread; yields (base URL, engine)."""
+    import uvicorn
+
+    engine = SpeechEngine(speech, max_frames=MAX_FRAMES, **engine_kw)
+    app = create_app(engine, model_id="tiny", api_key=api_key)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", engine
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def shared(speech):
+    """One server for the tests that neither patch the model nor count on a fresh engine."""
+    with serving(speech) as (base, engine):
+        yield base, engine
+
+
+@contextlib.contextmanager
+def gated(speech, monkeypatch, fail_on: str | None = None):
+    """``speech.stream`` that waits for ``gate`` before each chunk after the first, and raises after the first chunk
+    of ``fail_on``."""
+    gate = threading.Event()
+    real = speech.stream
+
+    def stream(text, **kw):
+        for i, chunk in enumerate(real(text, **kw)):
+            if text == fail_on and i == 1:
+                raise RuntimeError("a fault inside this stream")
+            while i and not gate.wait(0.05):
+                if kw["stop"]():
+                    break
+            yield chunk
+
+    monkeypatch.setattr(speech, "stream", stream)
+    yield gate
+    gate.set()
+
+
+def parse_wav(raw: bytes) -> tuple[int, np.ndarray, int]:
+    """(sample rate, samples, the header's data size) of a 16-bit mono WAV."""
+    assert raw[:4] == b"RIFF" and raw[8:16] == b"WAVEfmt "
+    rate = struct.unpack("<I", raw[24:28])[0]
+    size = struct.unpack("<I", raw[40:44])[0]
+    return rate, np.frombuffer(raw[44:], dtype="<i2"), size
+
+
+def speak(base: str, **body) -> httpx.Response:
+    payload = {"model": "tiny", "input": "Hello there.", "voice": "ryan", **body}
+    return httpx.post(f"{base}/v1/audio/speech", json=payload, timeout=60)
+
+
+def whole_frames(n: int) -> bool:
+    return n % SAMPLES == 0 and 1 <= n // SAMPLES <= MAX_FRAMES
+
+
+# --- a real OpenAI client ---------------------------------------------------------------------
+
+def test_the_openai_client_speaks_lists_models_and_needs_the_key(speech):
+    import openai
+
+    with serving(speech, api_key="secret") as (base, engine):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="secret", max_retries=0)
+        assert [m.id for m in client.models.list()] == ["tiny"]
+        audio = client.audio.speech.create(model="tiny", voice="ryan", input="Hello from the server.",
+                                           response_format="wav")
+        rate, samples, size = parse_wav(audio.content)
+        assert rate == 24000 and size == samples.size * 2 and whole_frames(samples.size)
+        with client.audio.speech.with_streaming_response.create(
+                model="tiny", voice="vivian", input="今天天气很好。", response_format="pcm",
+                extra_body={"stream": True, "language": "chinese"}) as r:
+            pcm = b"".join(r.iter_bytes())
+        assert whole_frames(len(pcm) // 2)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0).models.list()
+        with pytest.raises(openai.BadRequestError, match="unknown speaker 'nobody'"):
+            client.audio.speech.create(model="tiny", voice="nobody", input="Hi.")
+        assert httpx.get(f"{base}/health").json()["served"] == 2
+
+
+def test_a_streamed_wav_says_until_the_end_and_holds_whole_frames(shared):
+    base, _ = shared
+    with httpx.stream("POST", f"{base}/v1/audio/speech", timeout=60,
+                      json={"model": "tiny", "input": "Streaming now.", "voice": "ryan", "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"] == "audio/wav"
+        raw = b"".join(r.iter_bytes())
+    rate, samples, size = parse_wav(raw)
+    assert size == UNKNOWN_SIZE and rate == 24000 and whole_frames(samples.size)
+    same = speak(base, input="Streaming now.", seed=0)  # the same request, whole: the same samples
+    assert np.array_equal(parse_wav(same.content)[1], samples)
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("body, status, param, match", [
+    ({"input": ""}, 400, "input", "is empty"),
+    ({"input": "x" * 4097}, 400, "input", "at most 4096 characters"),
+    ({"voice": "nobody"}, 400, "voice", "valid: "),
+    ({"response_format": "mp3"}, 400, "response_format", "valid: wav, pcm"),
+    ({"speed": 1.5}, 400, "speed", "only 1.0"),
+    ({"language": "klingon"}, 400, "language", "unknown language"),
+    ({"stream_format": "sse"}, 400, "stream_format", ""),
+    ({"colour": "blue"}, 400, "colour", "unknown field"),
+    ({"stream": "yes"}, 400, "stream", "boolean"),
+    ({"model": "tts-1"}, 404, "model", "serves 'tiny'"),
+])
+def test_bad_requests_get_a_json_error_naming_the_field(shared, body, status, param, match):
+    base, engine = shared
+    before = engine.status()
+    r = speak(base, **body)
+    err = r.json()["error"]
+    assert r.status_code == status and err["param"] == param and match in err["message"]
+    assert engine.status()["served"] == before["served"] and engine.status()["failed"] == before["failed"]
+
+
+def test_malformed_json_and_a_missing_field(shared):
+    base, _ = shared
+    r = httpx.post(f"{base}/v1/audio/speech", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.post(f"{base}/v1/audio/speech", json={"model": "tiny", "voice": "ryan"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input"
+
+
+# --- load and faults ----------------------------------------------------------------------------
+
+def _in_thread(fn):
+    out = {}
+    t = threading.Thread(target=lambda: out.update(result=fn()), daemon=True)
+    t.start()
+    return t, out
+
+
+def _wait_for(cond, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_a_full_queue_says_429_with_a_retry_hint_and_bad_input_disturbs_nothing(speech, monkeypatch):
+    with gated(speech, monkeypatch) as gate, serving(speech, max_queue=1) as (base, engine):
+        first, first_out = _in_thread(lambda: speak(base, input="The first one."))
+        _wait_for(lambda: engine.status()["speaking"] == 1, "the first request to start")
+        second, second_out = _in_thread(lambda: speak(base, input="The second one."))
+        _wait_for(lambda: engine.status()["queued"] == 1, "the second request to queue")
+        r = speak(base, input="One too many.")
+        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+        assert r.json()["error"]["code"] == "server_busy"
+        assert speak(base, voice="nobody").status_code == 400  # refused before it reaches the queue
+        gate.set()
+        first.join(60), second.join(60)
+        for out in (first_out, second_out):
+            assert out["result"].status_code == 200 and whole_frames(parse_wav(out["result"].content)[1].size)
+        assert engine.status()["rejected"] == 1 and engine.status()["served"] == 2
+
+
+def test_a_fault_in_one_stream_ends_only_that_stream(speech, monkeypatch):
+    with gated(speech, monkeypatch, fail_on="This one breaks.") as gate, serving(speech) as (base, engine):
+        gate.set()
+        with pytest.raises(httpx.HTTPError):  # the body is cut short: the client sees an incomplete response
+            with httpx.stream("POST", f"{base}/v1/audio/speech", timeout=60,
+                              json={"model": "tiny", "input": "This one breaks.", "voice": "ryan", "stream": True,
+                                    "response_format": "pcm"}) as r:
+                assert r.status_code == 200
+                b"".join(r.iter_bytes())
+        whole = speak(base, input="This one breaks.")  # not streamed: a JSON error, nothing half-sent
+        assert whole.status_code == 500 and "a fault inside this stream" in whole.json()["error"]["message"]
+        ok = speak(base, input="And this one works.")
+        assert ok.status_code == 200 and whole_frames(parse_wav(ok.content)[1].size)
+        assert engine.status()["failed"] == 2 and engine.status()["served"] == 1
+
+
+def test_a_client_that_leaves_frees_its_stream(speech, monkeypatch):
+    with gated(speech, monkeypatch) as gate, serving(speech) as (base, engine):
+        with httpx.stream("POST", f"{base}/v1/audio/speech", timeout=60,
+                          json={"model": "tiny", "input": "Nobody will hear this.", "voice": "ryan",
+                                "stream": True}) as r:
+            assert r.status_code == 200
+            next(r.iter_raw())  # the header and the first chunk, then hang up
+        _wait_for(lambda: engine.status()["cancelled"] == 1 and engine.status()["speaking"] == 0,
+                  "the stream to be dropped")
+        gate.set()
+        ok = speak(base, input="The next one.")
+        assert ok.status_code == 200 and engine.status()["served"] == 1
+
+
+def test_a_request_past_its_timeout_gets_504_or_a_cut_stream(speech, monkeypatch):
+    with gated(speech, monkeypatch) as gate, serving(speech, timeout_s=3.0) as (base, engine):
+        r = speak(base, input="Too slow.")
+        assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+        gate.set()
+        assert speak(base, input="Fast enough.").status_code == 200
