@@ -34,6 +34,7 @@ SUBCOMMAND_MODULES = (
     "audit",
     "targets",
     "speak",
+    "serve-load",
 )
 
 

@@ -1,0 +1,267 @@
+"""``vllm-omni-bench serve-load``: the speech server under load, measured the way a client feels it.
+
+It starts ``qwen3-tts-edge serve`` as its own process on 127.0.0.1 (a free port), then for each
+concurrency level keeps that many clients sending streamed requests back to back for
+``--duration`` seconds (requests started before the end run to completion), cycling through a
+fixed set of 12 prompts. Per level it records the time to first audio (p50, p90, p99), each
+stream's RTF, the audio seconds served per wall second, the requests refused (429) and failed,
+and the server's resident memory after the level and at its peak. Every accepted response is
+checked: the body must end normally and hold the same number of samples as the same prompt
+gave when it was sent alone (random weights rarely say EOS, so each request is cut at
+``--frames`` frames by the server). Requests go only to 127.0.0.1, bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from vllm_omni.bench.common import BenchError, add_name, add_output, folder_path, positive_int, write_measured
+
+PROMPTS = (
+    "Hello! This is the first of twelve test sentences.",
+    "The weather today is clear, with a light wind from the west.",
+    "Please remember to bring your ticket and a valid passport.",
+    "Two cores can do more than most people expect of them.",
+    "The train to the airport leaves every fifteen minutes.",
+    "A short sentence.",
+    "Numbers such as 42 and 1,024 are read out as words.",
+    "Thank you for calling; your request has been received.",
+    "The library closes at six o'clock on weekdays.",
+    "Streaming audio starts playing before the sentence is finished.",
+    "Every response is checked for its full length.",
+    "This is the twelfth and last sentence of the set.",
+)
+SPEAKER, LANGUAGE = "ryan", "english"
+SAMPLES_PER_FRAME, RATE = 1920, 24000
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve-load", help="the speech server under concurrent streamed requests on loopback")
+    p.add_argument("--model", choices=("0.6B", "1.7B"), default="0.6B", help="size of the random checkpoint")
+    p.add_argument("--model-dir", type=folder_path, default=None, help="a checkpoint directory (default: as speak)")
+    p.add_argument("--weights", choices=("fp32", "int8", "int4"), default="int4")
+    p.add_argument("--threads", type=positive_int, default=None, help="the server's threads (default: all usable)")
+    p.add_argument("--concurrency", default="1,2,4,8", help="comma-separated client counts (default 1,2,4,8)")
+    p.add_argument("--duration", type=float, default=None, help="seconds each level sends for (default 40; quick 3)")
+    p.add_argument("--frames", type=positive_int, default=None, help="frames per request (default 25; quick 3)")
+    p.add_argument("--max-queue", type=int, default=1, help="the server's --max-queue (default 1)")
+    p.add_argument("--quick", action="store_true", help="a shallow checkpoint, short levels: for doctests only")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random checkpoint")
+    add_name(p, "serving", "load-<model>")
+    add_output(p)
+    p.set_defaults(func=run, core_clock=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rss_gib(pid: int, field: str = "VmRSS") -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return round(int(line.split()[1]) / 2**20, 3)
+    except OSError:
+        return None
+    return None
+
+
+class _Server:
+    """``qwen3-tts-edge serve`` in a child process on a free loopback port."""
+
+    def __init__(self, model_dir: Path, weights: str, threads: int | None, frames: int, max_queue: int):
+        self.port = _free_port()
+        exe = Path(sys.executable).parent / "qwen3-tts-edge"
+        cmd = [str(exe), "serve", "--model", str(model_dir), "--port", str(self.port), "--weights", weights,
+               "--max-frames", str(frames), "--max-queue", str(max_queue), "--timeout", "600",
+               "--served-model-name", "bench", "--log-level", "warning", "--max-positions", "512"]
+        if threads:
+            cmd += ["--threads", str(threads)]
+        self.log = open(os.devnull, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.PIPE)
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.cmd = cmd
+
+    def wait_ready(self, timeout_s: float = 600) -> float:
+        import httpx
+
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            if self.proc.poll() is not None:
+                raise BenchError(f"the server exited ({self.proc.returncode}): {self.proc.stderr.read().decode()[-2000:]}")
+            try:
+                if httpx.get(f"{self.base}/health", timeout=2).status_code == 200:
+                    return time.monotonic() - t0
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise BenchError(f"the server did not answer /health within {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def _request(base: str, prompt: int) -> dict:
+    """One streamed pcm request: status, time to first audio, total time, samples, and whether it ended normally."""
+    import httpx
+
+    body = {"model": "bench", "input": PROMPTS[prompt], "voice": SPEAKER, "language": LANGUAGE,
+            "response_format": "pcm", "stream": True, "seed": prompt}
+    t0 = time.perf_counter()
+    out = {"prompt": prompt, "status": None, "ttfa_s": None, "total_s": None, "samples": 0, "complete": False}
+    try:
+        with httpx.stream("POST", f"{base}/v1/audio/speech", json=body, timeout=600) as r:
+            out["status"] = r.status_code
+            if r.status_code != 200:
+                r.read()
+                return out
+            n = 0
+            for part in r.iter_raw():
+                if part and out["ttfa_s"] is None:
+                    out["ttfa_s"] = time.perf_counter() - t0
+                n += len(part)
+            out["samples"] = n // 2
+            out["complete"] = n % 2 == 0
+    except httpx.HTTPError as exc:  # a cut body: counted, never hidden
+        out["error"] = type(exc).__name__
+    out["total_s"] = time.perf_counter() - t0
+    return out
+
+
+def _level(base: str, clients: int, duration_s: float, start_prompt: int) -> tuple[list[dict], float]:
+    """``clients`` threads sending back to back for ``duration_s``; (every request's record, wall seconds)."""
+    results: list[dict] = []
+    lock = threading.Lock()
+    counter = [start_prompt]
+    end = time.monotonic() + duration_s
+
+    def client() -> None:
+        while time.monotonic() < end:
+            with lock:
+                prompt = counter[0] % len(PROMPTS)
+                counter[0] += 1
+            res = _request(base, prompt)
+            with lock:
+                results.append(res)
+            if res["status"] == 429:
+                time.sleep(0.2)  # a refused client backs off a little before it tries again
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, time.monotonic() - t0
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def run(args: argparse.Namespace) -> int:
+    from vllm_omni.bench.speak import random_checkpoint
+    from vllm_omni.tts.config import load_config
+
+    try:
+        levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    except ValueError:
+        levels = []
+    if not levels or any(c < 1 or c > 64 for c in levels):
+        raise BenchError(f"--concurrency must be client counts from 1 to 64 separated by commas, got {args.concurrency!r}")
+    if args.max_queue < 0:
+        raise BenchError(f"--max-queue must be >= 0, got {args.max_queue}")
+    duration = args.duration or (3.0 if args.quick else 40.0)
+    if not 0 < duration <= 600:
+        raise BenchError(f"--duration must be above 0 and at most 600 s, got {duration}")
+    frames = args.frames or (3 if args.quick else 25)
+    model_dir = args.model_dir or random_checkpoint(args.model, args.seed, args.quick)
+    cfg = load_config(model_dir)
+    server = _Server(model_dir, args.weights, args.threads, frames, args.max_queue)
+    try:
+        ready_s = server.wait_ready()
+        # each prompt alone first: the sample count every later response of it must have
+        alone = [_request(server.base, i) for i in range(len(PROMPTS))]
+        if any(r["status"] != 200 or not r["complete"] for r in alone):
+            raise BenchError(f"a request sent alone failed: {[r for r in alone if r['status'] != 200][:1]}")
+        expected = {r["prompt"]: r["samples"] for r in alone}
+        rss_idle = _rss_gib(server.proc.pid)
+        rows, detail = [], {}
+        for i, clients in enumerate(levels):
+            results, wall = _level(server.base, clients, duration, start_prompt=i)
+            ok = [r for r in results if r["status"] == 200]
+            whole = [r for r in ok if r["complete"] and "error" not in r and r["samples"] == expected[r["prompt"]]]
+            refused = [r for r in results if r["status"] == 429]
+            other = [r for r in results if r["status"] not in (200, 429)]
+            ttfa = sorted(r["ttfa_s"] * 1e3 for r in ok if r["ttfa_s"] is not None)
+            rtf = sorted(r["total_s"] / (r["samples"] / RATE) for r in ok if r["samples"])
+            audio_s = sum(r["samples"] for r in ok) / RATE
+            rows.append([clients, len(results), len(ok), len(refused), len(other) + len(ok) - len(whole),
+                         _r(_pct(ttfa, 50)), _r(_pct(ttfa, 90)), _r(_pct(ttfa, 99)), _r(_pct(rtf, 50), 3),
+                         _r(max(rtf) if rtf else None, 3), _r(audio_s / wall, 3), _rss_gib(server.proc.pid)])
+            detail[str(clients)] = {"wall_s": round(wall, 2), "incomplete": [r for r in ok if r not in whole][:5],
+                                    "other_status": sorted({r["status"] for r in other if r["status"]})}
+        peak = _rss_gib(server.proc.pid, "VmHWM")
+    finally:
+        server.stop()
+    write_measured(
+        args,
+        artifact_id=f"serving/load-{args.model.lower()}" + ("-quick" if args.quick and not args.name else ""),
+        title=f"The speech server under concurrent streamed requests ({cfg.family}, {args.weights}, loopback)",
+        columns=[
+            {"name": "concurrency", "unit": None, "type": "number", "format": ".0f"},
+            {"name": "requests", "unit": None, "type": "number", "format": ".0f"},
+            {"name": "accepted", "unit": None, "type": "number", "format": ".0f"},
+            {"name": "refused (429)", "unit": None, "type": "number", "format": ".0f"},
+            {"name": "failed or incomplete", "unit": None, "type": "number", "format": ".0f"},
+            {"name": "first audio p50", "unit": "ms", "type": "number", "format": ".0f"},
+            {"name": "first audio p90", "unit": "ms", "type": "number", "format": ".0f"},
+            {"name": "first audio p99", "unit": "ms", "type": "number", "format": ".0f"},
+            {"name": "RTF p50", "unit": None, "type": "number", "format": ".2f"},
+            {"name": "RTF max", "unit": None, "type": "number", "format": ".2f"},
+            {"name": "audio s per wall s", "unit": None, "type": "number", "format": ".2f"},
+            {"name": "server memory after", "unit": "GiB", "type": "number", "format": ".2f"},
+        ],
+        rows=rows, model=cfg.family,
+        weights=("random, shallow (quick)" if args.quick else f"random, seed {args.seed}, published shapes")
+        if args.model_dir is None else f"checkpoint {model_dir}",
+        quantization=args.weights, threads=args.threads or "all", source="vllm-omni-bench serve-load",
+        compare={"tolerance": 0.25, "key_columns": ["concurrency"], "columns": ["first audio p50", "RTF p50"]},
+        run={"prompts": list(PROMPTS), "speaker": SPEAKER, "language": LANGUAGE, "frames_per_request": frames,
+             "duration_s": duration, "max_queue": args.max_queue, "server_command": server.cmd[1:],
+             "server_ready_s": round(ready_s, 2), "server_memory_idle_gib": rss_idle, "server_memory_peak_gib": peak,
+             "expected_samples": expected, "levels": detail, "engine": "one request spoken at a time"},
+        notes=("Each level: that many clients send streamed pcm requests back to back for run.duration_s (a refused "
+               "client waits 0.2 s before its next), cycling through the 12 prompts. First audio: from sending the "
+               "request to the first body bytes. RTF: a request's wall time over its audio time, queueing included. "
+               "Audio s per wall s: the audio of all accepted requests over the level's wall time. Failed or "
+               "incomplete: accepted requests whose body was cut or whose sample count differs from the same prompt "
+               "sent alone, plus any status other than 200 and 429. The server speaks one request at a time "
+               f"(--max-queue {args.max_queue} more may wait; beyond, 429). Random weights of the published shapes: "
+               "every request is cut at run.frames_per_request frames.")
+              + (" Quick mode: a shallow checkpoint and short levels, not a figure." if args.quick else ""),
+    )
+    return 0
+
+
+def _r(x: float | None, digits: int = 1) -> float | None:
+    return None if x is None else round(float(x), digits)
