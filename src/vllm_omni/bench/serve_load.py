@@ -23,7 +23,9 @@ import threading
 import time
 from pathlib import Path
 
-from vllm_omni.bench.common import BenchError, add_name, add_output, folder_path, positive_int, write_measured
+from vllm_omni.bench.common import (
+    BenchError, add_name, add_output, folder_path, nonnegative_int, positive_int, positive_number, write_measured,
+)
 
 PROMPTS = (
     "Hello! This is the first of twelve test sentences.",
@@ -50,11 +52,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", choices=("fp32", "int8", "int4"), default="int4")
     p.add_argument("--threads", type=positive_int, default=None, help="the server's threads (default: all usable)")
     p.add_argument("--concurrency", default="1,2,4,8", help="comma-separated client counts (default 1,2,4,8)")
-    p.add_argument("--duration", type=float, default=None, help="seconds each level sends for (default 40; quick 3)")
+    p.add_argument("--duration", type=positive_number, default=None,
+                   help="seconds each level sends for (default 40; quick 3)")
     p.add_argument("--frames", type=positive_int, default=None, help="frames per request (default 25; quick 3)")
-    p.add_argument("--max-queue", type=int, default=1, help="the server's --max-queue (default 1)")
+    p.add_argument("--max-queue", type=nonnegative_int, default=1, help="the server's --max-queue (default 1)")
     p.add_argument("--quick", action="store_true", help="a shallow checkpoint, short levels: for doctests only")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random checkpoint")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random checkpoint")
     add_name(p, "serving", "load-<model>")
     add_output(p)
     p.set_defaults(func=run, core_clock=True)
@@ -188,11 +191,9 @@ def run(args: argparse.Namespace) -> int:
         levels = []
     if not levels or any(c < 1 or c > 64 for c in levels):
         raise BenchError(f"--concurrency must be client counts from 1 to 64 separated by commas, got {args.concurrency!r}")
-    if args.max_queue < 0:
-        raise BenchError(f"--max-queue must be >= 0, got {args.max_queue}")
     duration = args.duration or (3.0 if args.quick else 40.0)
-    if not 0 < duration <= 600:
-        raise BenchError(f"--duration must be above 0 and at most 600 s, got {duration}")
+    if duration > 600:
+        raise BenchError(f"--duration must be at most 600 s, got {duration}")
     frames = args.frames or (3 if args.quick else 25)
     model_dir = args.model_dir or random_checkpoint(args.model, args.seed, args.quick)
     cfg = load_config(model_dir)
