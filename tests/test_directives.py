@@ -52,6 +52,24 @@ def test_value_format_and_unit_options():
     assert out.startswith("[25](")
 
 
+def test_value_directive_quotes_a_number_the_run_recorded(tmp_path):
+    data = json.loads((Path(__file__).parent / "fixtures" / "good" / "good.json").read_text())
+    data["provenance"]["run"] = {"load_s": {"int4-t2": 0.97}, "engine": "one at a time"}
+    (tmp_path / "r.json").write_text(json.dumps(data))
+    arts = {GOOD.id: load_file(tmp_path / "r.json")}
+
+    def show(text: str) -> str:
+        return substitute(text, "p.md", lambda d, _own, where: site.render_directive(arts, d, "p.md", where))
+
+    assert show('<!-- value: fixture/good run="load_s.int4-t2" fmt=".1f" -->').startswith("[1.0](")
+    with pytest.raises(DirectiveError, match="no 'load_s.int8-t2'"):
+        show('<!-- value: fixture/good run="load_s.int8-t2" -->')
+    with pytest.raises(DirectiveError, match="not a number"):
+        show('<!-- value: fixture/good run="engine" -->')
+    with pytest.raises(DirectiveError, match="not both"):
+        show('<!-- value: fixture/good run="load_s.int4-t2" row="#0" -->')
+
+
 @pytest.mark.parametrize(
     "text,message",
     [

@@ -10,7 +10,9 @@ wrong number (and the build checks that none survive):
   line of its own: the same figures drawn as an inline SVG (``vllm_omni.results.charts``),
   with the same caption.
 * ``<!-- value: <id> row="<first-column value or #index>" col="<column>" [fmt=".1f"] [unit=no] -->``
-  anywhere in prose: one figure, linked to the artifact's page.
+  anywhere in prose: one figure, linked to the artifact's page; ``run="<key>.<key>"`` instead
+  of ``row``/``col`` quotes a number the run recorded in its provenance (``provenance.run``),
+  without a unit.
 
 Any other ``<!-- name: ... -->`` comment whose name is not a known directive (ours or
 Sybil's) is a typo and raises, like Material's own shortcodes.
@@ -29,7 +31,7 @@ OWN_LINE = ("table", "chart")  # block directives: alone on their line
 # Sybil's comment directives, and other comment forms the pages may use on purpose.
 FOREIGN = ("skip", "clear-namespace", "invisible-code-block", "sybil", "codeblock")
 TABLE_OPTIONS = ("columns",)
-VALUE_OPTIONS = ("row", "col", "fmt", "unit")
+VALUE_OPTIONS = ("row", "col", "run", "fmt", "unit")
 CHART_OPTIONS = ("kind", "x", "y", "series", "rows", "title", "ylabel", "logy", "ref", "ymax")
 CHART_KINDS = ("bar", "hbar", "line")
 _OPTIONS = {"table": TABLE_OPTIONS, "value": VALUE_OPTIONS, "chart": CHART_OPTIONS}
@@ -75,10 +77,13 @@ def parse(name: str, body: str, where: str) -> Directive:
                 f"{', '.join(a + '=' for a in allowed)}"
             )
         options[key] = value
-    if name == "value":
+    if name == "value" and "run" in options:
+        if "row" in options or "col" in options:
+            raise DirectiveError(f"{where}: '<!-- value: {artifact_id} -->' takes run= or row= and col=, not both")
+    elif name == "value":
         for key in ("row", "col"):
             if key not in options:
-                raise DirectiveError(f"{where}: '<!-- value: {artifact_id} -->' needs {key}=")
+                raise DirectiveError(f"{where}: '<!-- value: {artifact_id} -->' needs {key}= (or run=)")
     if name == "chart":
         _check_chart(options, f"{where}: '<!-- {name}: {body} -->'")
     return Directive(name, artifact_id, options)

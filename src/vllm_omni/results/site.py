@@ -51,7 +51,23 @@ def render_directive(artifacts: dict[str, Artifact], d: Directive, page: str, wh
         raise DirectiveError(f"{where}: {exc.args[0]}") from None
 
 
+def _run_value(art: Artifact, path: str) -> Any:
+    """The number at ``path`` (keys joined by dots) in the artifact's ``provenance.run``."""
+    value: Any = (art.provenance or {}).get("run") or {}
+    for key in path.split("."):
+        if not isinstance(value, dict) or key not in value:
+            raise KeyError(f"{art.path}: provenance.run has no {path!r} (no key {key!r})")
+        value = value[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise KeyError(f"{art.path}: provenance.run.{path} is {value!r}, not a number a page can quote")
+    return value
+
+
 def render_value(art: Artifact, d: Directive, link: str) -> str:
+    if "run" in d.options:
+        value = _run_value(art, d.options["run"])
+        text = format(value, d.options["fmt"]) if "fmt" in d.options else str(value)
+        return f"[{text}]({link} \"{art.id}\")"
     row_key: str | int = d.options["row"]
     if row_key.startswith("#") and row_key[1:].isdigit():
         row_key = int(row_key[1:])  # "#2" picks the third row by position
