@@ -90,7 +90,7 @@ def _ours(model_dir: Path, fmt: str, threads: int, modes: list[str], frames: int
     t0 = time.perf_counter()
     speech = Speech.load(model_dir, weights=fmt, threads=threads, max_positions=512)
     load_s, cached_load_s = time.perf_counter() - t0, None
-    if fmt in CACHED_FORMATS:  # a second start, from the cache the first one wrote
+    if fmt in CACHED_FORMATS and cache_path(model_dir, fmt).is_file():  # a second start, from that cache
         del speech
         gc.collect()
         t0 = time.perf_counter()

@@ -2,8 +2,8 @@
 
 ``Speech.load(DIR)`` reads and checks a checkpoint, packs the talker and the predictor once for
 the fused kernels (fp32, int8 or int4; int8 and int4 are cached in the checkpoint's folder, so a
-second start reads them, ``vllm_omni.tts.weight_cache``), and builds the streaming decoder. ``Speech.stream(...)``
-then yields ``AudioChunk``s: the first after one frame (80 ms of audio), then chunks that grow
+second start reads them, ``vllm_omni.tts.weight_cache``), and builds the streaming decoder.
+``Speech.stream(...)`` then yields ``AudioChunk``s: the first after one frame (80 ms of audio), then chunks that grow
 to ``chunk_frames`` frames (``chunk_schedule``), each decoded from the state the decoder kept,
 so the concatenation is the whole utterance's decode. The command (``qwen3-tts-edge speak``) and the benchmarks call
 this same path.
