@@ -74,6 +74,14 @@ def random_checkpoint(size: str, seed: int, quick: bool, folder: Path | None = N
     return out
 
 
+def _timeline_name(name: str | None) -> str | None:
+    """The timeline's artifact name beside a ``--name``d utterance table: speak-X -> timeline-X, so that its
+    id starts, as the unnamed one does, with end-to-end/timeline-."""
+    if name is None:
+        return None
+    return "timeline-" + (name[len("speak-"):] if name.startswith("speak-") else name)
+
+
 def _peak_gib() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
 
@@ -255,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
         "random, shallow (quick)" if args.quick else f"checkpoint {model_dir}")
     slug = (args.model if args.model_dir is None else cfg.family).lower() + ("-quick" if args.quick and not args.name else "")
     first = next(r for r in rows if r["impl"] == "this project" and r["mode"] == modes[0] and r["threads"] == counts[-1])
-    timeline_args = argparse.Namespace(**{**vars(args), "name": f"{args.name}-timeline" if args.name else None})
+    timeline_args = argparse.Namespace(**{**vars(args), "name": _timeline_name(args.name)})
     write_measured(
         timeline_args,
         artifact_id=f"end-to-end/timeline-{slug}",
