@@ -1,7 +1,7 @@
 """Speech from `qwen3-tts-edge serve` with the official OpenAI client, streamed as it is decoded.
 
-A shallow random-weight checkpoint keeps it to seconds (random weights make noise, not a voice);
-the server runs as its own process on 127.0.0.1 and is stopped at the end.
+A shallow, narrow random-weight checkpoint keeps it to seconds (random weights make noise, not a
+voice); the server runs as its own process on 127.0.0.1 and is stopped at the end.
 """
 
 import socket
@@ -17,7 +17,8 @@ import openai
 from vllm_omni.tts.random_checkpoint import write_random_checkpoint
 
 with tempfile.TemporaryDirectory() as tmp:
-    ck = write_random_checkpoint(Path(tmp) / "ck", "0.6B", talker_layers=2, predictor_layers=1, decoder_layers=1)
+    ck = write_random_checkpoint(Path(tmp) / "ck", "0.6B", talker_layers=2, predictor_layers=1, decoder_layers=1,
+                                 text_hidden=256, decoder_dim=384)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
