@@ -56,6 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds each level sends for (default 40; quick 3)")
     p.add_argument("--frames", type=positive_int, default=None, help="frames per request (default 25; quick 3)")
     p.add_argument("--max-queue", type=nonnegative_int, default=1, help="the server's --max-queue (default 1)")
+    p.add_argument("--soak", type=nonnegative_int, default=0,
+                   help="after the levels, seconds at the server's maximum (one speaking, --max-queue waiting), "
+                        "sampling its resident memory every 5 s (default 0: none)")
     p.add_argument("--quick", action="store_true", help="a shallow checkpoint, short levels: for doctests only")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random checkpoint")
     add_name(p, "serving", "load-<model>")
@@ -173,6 +176,39 @@ def _level(base: str, clients: int, duration_s: float, start_prompt: int) -> tup
     return results, time.monotonic() - t0
 
 
+def _soak(server: _Server, clients: int, seconds: float, expected: dict[int, int]) -> dict:
+    """``clients`` at the server's maximum for ``seconds``, its resident memory sampled every 5 s."""
+    samples: list[list[float]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        t0 = time.monotonic()
+        while not done.wait(0 if not samples else 5.0):
+            samples.append([round(time.monotonic() - t0, 1), _rss_gib(server.proc.pid)])
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    results, wall = _level(server.base, clients, seconds, start_prompt=0)
+    done.set()
+    sampler.join()
+    samples.append([round(wall, 1), _rss_gib(server.proc.pid)])
+    t = _tally(results, expected)
+    rss = [m for _, m in samples if m is not None]
+    return {"clients": clients, "seconds": round(wall, 1), "requests": len(results), "accepted": len(t["ok"]),
+            "refused": len(t["refused"]), "failed_or_incomplete": t["failed"], "memory_gib": samples,
+            "memory_growth_gib": round(rss[-1] - rss[0], 3) if rss else None}
+
+
+def _tally(results: list[dict], expected: dict[int, int]) -> dict:
+    """Accepted (200), refused (429), and how many failed: another status, a cut body or a wrong length."""
+    ok = [r for r in results if r["status"] == 200]
+    whole = [r for r in ok if r["complete"] and "error" not in r and r["samples"] == expected[r["prompt"]]]
+    refused = [r for r in results if r["status"] == 429]
+    other = [r for r in results if r["status"] not in (200, 429)]
+    return {"ok": ok, "refused": refused, "other": other, "incomplete": [r for r in ok if r not in whole],
+            "failed": len(other) + len(ok) - len(whole)}
+
+
 def _pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -209,18 +245,17 @@ def run(args: argparse.Namespace) -> int:
         rows, detail = [], {}
         for i, clients in enumerate(levels):
             results, wall = _level(server.base, clients, duration, start_prompt=i)
-            ok = [r for r in results if r["status"] == 200]
-            whole = [r for r in ok if r["complete"] and "error" not in r and r["samples"] == expected[r["prompt"]]]
-            refused = [r for r in results if r["status"] == 429]
-            other = [r for r in results if r["status"] not in (200, 429)]
+            t = _tally(results, expected)
+            ok = t["ok"]
             ttfa = sorted(r["ttfa_s"] * 1e3 for r in ok if r["ttfa_s"] is not None)
             rtf = sorted(r["total_s"] / (r["samples"] / RATE) for r in ok if r["samples"])
             audio_s = sum(r["samples"] for r in ok) / RATE
-            rows.append([clients, len(results), len(ok), len(refused), len(other) + len(ok) - len(whole),
+            rows.append([clients, len(results), len(ok), len(t["refused"]), t["failed"],
                          _r(_pct(ttfa, 50)), _r(_pct(ttfa, 90)), _r(_pct(ttfa, 99)), _r(_pct(rtf, 50), 3),
                          _r(max(rtf) if rtf else None, 3), _r(audio_s / wall, 3), _rss_gib(server.proc.pid)])
-            detail[str(clients)] = {"wall_s": round(wall, 2), "incomplete": [r for r in ok if r not in whole][:5],
-                                    "other_status": sorted({r["status"] for r in other if r["status"]})}
+            detail[str(clients)] = {"wall_s": round(wall, 2), "incomplete": t["incomplete"][:5],
+                                    "other_status": sorted({r["status"] for r in t["other"] if r["status"]})}
+        soak = _soak(server, 1 + args.max_queue, args.soak, expected) if args.soak else None
         peak = _rss_gib(server.proc.pid, "VmHWM")
     finally:
         server.stop()
@@ -250,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
         run={"prompts": list(PROMPTS), "speaker": SPEAKER, "language": LANGUAGE, "frames_per_request": frames,
              "duration_s": duration, "max_queue": args.max_queue, "server_command": server.cmd[1:],
              "server_ready_s": round(ready_s, 2), "server_memory_idle_gib": rss_idle, "server_memory_peak_gib": peak,
-             "expected_samples": expected, "levels": detail, "engine": "one request spoken at a time"},
+             "expected_samples": expected, "levels": detail, "soak": soak, "engine": "one request spoken at a time"},
         notes=("Each level: that many clients send streamed pcm requests back to back for run.duration_s (a refused "
                "client waits 0.2 s before its next), cycling through the 12 prompts. First audio: from sending the "
                "request to the first body bytes. RTF: a request's wall time over its audio time, queueing included. "
@@ -258,7 +293,9 @@ def run(args: argparse.Namespace) -> int:
                "incomplete: accepted requests whose body was cut or whose sample count differs from the same prompt "
                "sent alone, plus any status other than 200 and 429. The server speaks one request at a time "
                f"(--max-queue {args.max_queue} more may wait; beyond, 429). Random weights of the published shapes: "
-               "every request is cut at run.frames_per_request frames.")
+               "every request is cut at run.frames_per_request frames. run.soak (with --soak): the server's maximum "
+               "number of clients for that long after the levels, its resident memory sampled every 5 s "
+               "(memory_gib: [seconds, GiB]) and its growth from the first sample to the last.")
               + (" Quick mode: a shallow checkpoint and short levels, not a figure." if args.quick else ""),
     )
     return 0
