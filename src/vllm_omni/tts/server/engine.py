@@ -85,11 +85,11 @@ class SpeechEngine:
         with self._cond:
             if self._closed:
                 raise RuntimeError("the engine is shut down")
-            busy = self._running is not None
-            if busy and len(self._queue) >= self.max_queue:
+            speaking = int(self._running is not None)
+            if speaking + len(self._queue) >= 1 + self.max_queue:  # also between two requests, when none speaks
                 self.rejected += 1
-                raise Busy(f"server busy: 1 request speaking and {len(self._queue)} waiting (the maximum)",
-                           self._retry_after(len(self._queue) + 1))
+                raise Busy(f"server busy: {speaking} request speaking and {len(self._queue)} waiting "
+                           f"(at most 1 and {self.max_queue})", self._retry_after(len(self._queue) + 1))
             self._queue.append(job)
             self._cond.notify()
 
