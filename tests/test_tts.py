@@ -282,26 +282,28 @@ def test_a_second_start_reads_the_packed_cache_and_no_large_matrix(tiny_dir, tmp
 def test_a_stale_or_broken_cache_is_rebuilt_and_an_unwritable_one_is_skipped(tiny_dir, tmp_path, capsys):
     import os
 
+    from vllm_omni.tts.generate import CodeGenerator
     from vllm_omni.tts.weight_cache import PackedWeights, cache_path
 
+    def start(folder, fmt="int8", **kw):  # the generator alone: the cache is its business, not the decoder's
+        return CodeGenerator(load_checkpoint(folder), fmt, 1, max_positions=64, **kw)
+
     ck = _copy(tiny_dir, tmp_path / "ck")
-    Speech.load(ck, weights="int8", threads=1, max_positions=64)
+    start(ck)
     path = cache_path(ck, "int8")
     st = (ck / "model.safetensors").stat()
     os.utime(ck / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the weights changed
     assert "weights_mtime_ns differ" in PackedWeights.open(load_checkpoint(ck), "int8").problem
-    again = Speech.load(ck, weights="int8", threads=1, max_positions=64)
-    assert again.generator.cache.made > 0 and Speech.load(ck, weights="int8", threads=1).generator.cache.hit
+    assert start(ck).cache.made > 0 and start(ck).cache.hit
     path.write_bytes(b"not a safetensors file")
     assert "unreadable" in PackedWeights.open(load_checkpoint(ck), "int8").problem
-    assert Speech.load(ck, weights="int8", threads=1, max_positions=64).generator.cache.made > 0
+    assert start(ck).cache.made > 0
     plain = _copy(tiny_dir, tmp_path / "plain")
     (plain / ".qwen3-tts-edge").write_text("a file where the cache folder would go")
     s = Speech.load(plain, weights="int4", threads=1, max_positions=64)
     assert "packed weights not cached" in capsys.readouterr().err and s.synthesize("Hi.", speaker="ryan", max_frames=2).size
     off = _copy(tiny_dir, tmp_path / "off")
-    assert Speech.load(off, weights="int4", threads=1, max_positions=64, cache=False).generator.cache is None
-    assert not (off / ".qwen3-tts-edge").exists()
+    assert start(off, "int4", cache=False).cache is None and not (off / ".qwen3-tts-edge").exists()
 
 
 # --- the WAV and the command ------------------------------------------------------------------
