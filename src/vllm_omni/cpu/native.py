@@ -166,6 +166,7 @@ _SIGNATURES = {
     "vo_isa": (_I32, []),
     "vo_workspace_bytes": (_I64, [ctypes.POINTER(VoStack), _I64]),
     "vo_stack_forward": (_I32, [ctypes.POINTER(VoStack), P, _I32, _I32, P, ctypes.POINTER(VoMat), P]),
+    "vo_stack_forward_rows": (_I32, [ctypes.POINTER(VoStack), P, _I32, P, P, P, ctypes.POINTER(VoMat), P]),
     "vo_talker_step": (_I32, [ctypes.POINTER(VoStack), ctypes.POINTER(VoMat), P, _I32, P, P]),
     "vo_predictor_frame": (_I32, [
         ctypes.POINTER(VoStack), ctypes.POINTER(VoMat), _I32, P, _I64, ctypes.POINTER(VoMat), P, P, P,

@@ -136,6 +136,43 @@ class NativeStack:
         if rc != 0:
             raise RuntimeError(f"vo_stack_forward failed ({rc}): T={t}, pos0={pos0}, max_positions={self.max_positions}")
 
+    def new_cache(self) -> tuple[list[Tensor], list[Tensor]]:
+        """Another stream's KV cache for this stack (keys, values per layer), for ``forward_rows``."""
+        keys = [torch.zeros_like(k) for k in self.k_cache]
+        return keys, [torch.zeros_like(k) for k in keys]
+
+    def forward_rows(self, x: Tensor, positions: list[int], caches: list[tuple[list[Tensor], list[Tensor]]],
+                     head: QuantMatrix | None = None) -> tuple[Tensor, Tensor | None]:
+        """Rows of several streams in one call, each weight tile read once for all of them: row t of
+        ``x`` [T, H] at ``positions[t]`` of ``caches[t]`` (``new_cache``, or the stack's own
+        ``(k_cache, v_cache)``); rows that share a cache come in order of position. Returns the
+        final-normed hidden states [T, H] and, with ``head``, every row's logits [T, head.rows]."""
+        x = x.float().contiguous()
+        t = x.shape[0]
+        if len(positions) != t or len(caches) != t:
+            raise ValueError(f"{t} rows need {t} positions and {t} caches, got {len(positions)} and {len(caches)}")
+        n = len(self.k_cache)
+        kv = (ctypes.c_void_p * (t * n * 2))()
+        for r, (keys, values) in enumerate(caches):
+            if len(keys) != n or len(values) != n:
+                raise ValueError(f"row {r}: a cache needs {n} layers of keys and values")
+            for layer, (k, v) in enumerate(zip(keys, values)):
+                want = self.k_cache[layer]
+                if k.shape != want.shape or v.shape != want.shape or k.dtype != want.dtype or v.dtype != want.dtype:
+                    raise ValueError(f"row {r}, layer {layer}: cache of {list(k.shape)} {k.dtype}, expected "
+                                     f"{list(want.shape)} {want.dtype} (NativeStack.new_cache)")
+                kv[(r * n + layer) * 2], kv[(r * n + layer) * 2 + 1] = k.data_ptr(), v.data_ptr()
+        pos = (ctypes.c_int32 * t)(*positions)
+        out = torch.empty(t, self.stack.hidden)
+        logits = None if head is None else torch.empty(t, head.rows)
+        hm = None if head is None else ctypes.byref(vo_mat(head))
+        rc = self.lib.vo_stack_forward_rows(ctypes.byref(self.c), x.data_ptr(), t, ctypes.addressof(pos),
+                                            ctypes.addressof(kv), out.data_ptr(), hm, _ptr(logits))
+        if rc != 0:
+            raise RuntimeError(f"vo_stack_forward_rows failed ({rc}): T={t}, positions={list(positions)}, "
+                               f"max_positions={self.max_positions}")
+        return out, logits
+
     def fill_cache(self, length: int, seed: int = 0) -> None:
         """Fill the first ``length`` cache positions with random K/V (benchmark set-up)."""
         g = torch.Generator().manual_seed(seed)

@@ -1206,8 +1206,28 @@ inline void attend_kv_head(const float* q, float* sc, float* o, int rep, int64_t
     }
 }
 
-// One decoder layer on T tokens at positions pos0..pos0+T-1 (inside the parallel region).
-void layer_forward(const VoStack& st, const VoLayer& L, Work& W, int T, int pos0) {
+// Where a call's rows sit. By default (pos == nullptr) row t is at position pos0 + t of the
+// layers' own caches; for a batch of streams (vo_stack_forward_rows), row t is at pos[t] of its
+// own caches, kv[(t * n_layers + l) * 2] (keys) and kv[(t * n_layers + l) * 2 + 1] (values) in
+// layer l. Rows that share a cache come in order of their positions.
+struct Rows {
+    int pos0 = 0;
+    const int32_t* pos = nullptr;
+    void* const* kv = nullptr;
+    int n_layers = 0;
+    int at(int t) const { return pos ? pos[t] : pos0 + t; }
+    void* k(const VoLayer& L, int l, int t) const { return kv ? kv[((int64_t)t * n_layers + l) * 2] : L.k_cache; }
+    void* v(const VoLayer& L, int l, int t) const { return kv ? kv[((int64_t)t * n_layers + l) * 2 + 1] : L.v_cache; }
+};
+
+inline Rows rows_from(int pos0) {
+    Rows r;
+    r.pos0 = pos0;
+    return r;
+}
+
+// One decoder layer (index l) on T tokens placed as R says (inside the parallel region).
+void layer_forward(const VoStack& st, const VoLayer& L, int l, Work& W, int T, const Rows& R) {
     const int fmt = st.fmt;
     const int64_t H = st.hidden, I = st.inter, hd = st.head_dim;
     const int64_t qd = (int64_t)st.heads * hd, kvd = (int64_t)st.kv_heads * hd;
@@ -1226,22 +1246,22 @@ void layer_forward(const VoStack& st, const VoLayer& L, Work& W, int T, int pos0
 #pragma omp for schedule(static)
     for (int64_t kh = 0; kh < st.kv_heads; ++kh) {
         for (int t = 0; t < T; ++t) {
-            const int pos = pos0 + t;
+            const int pos = R.at(t);
             float* k = W.qkv + t * W.qkv_stride + qd + kh * hd;
             const float* v = W.qkv + t * W.qkv_stride + qd + kvd + kh * hd;
             head_norm_rope(k, L.k_norm, st.rope_cos + (int64_t)pos * h2, st.rope_sin + (int64_t)pos * h2, (int)hd, st.eps);
-            kv_store(L.k_cache, (kh * mp + pos) * hd, k, (int)hd, f16);
-            kv_store(L.v_cache, (kh * mp + pos) * hd, v, (int)hd, f16);
+            kv_store(R.k(L, l, t), (kh * mp + pos) * hd, k, (int)hd, f16);
+            kv_store(R.v(L, l, t), (kh * mp + pos) * hd, v, (int)hd, f16);
         }
         const int64_t kv0 = kh * mp * hd;  // this KV head's rows
         for (int t = 0; t < T; ++t) {
-            const int pos = pos0 + t, n = pos + 1;
+            const int pos = R.at(t), n = pos + 1;
             for (int64_t h = kh * rep; h < (kh + 1) * rep; ++h)
                 head_norm_rope(W.qkv + t * W.qkv_stride + h * hd, L.q_norm, st.rope_cos + (int64_t)pos * h2,
                                st.rope_sin + (int64_t)pos * h2, (int)hd, st.eps);
             const int64_t h = kh * rep;
             attend_kv_head(W.qkv + t * W.qkv_stride + h * hd, W.scores + h * mp, W.xn + t * W.xn_stride + h * hd, rep, mp,
-                           L.k_cache, L.v_cache, kv0, n, (int)hd, f16, scale);
+                           R.k(L, l, t), R.v(L, l, t), kv0, n, (int)hd, f16, scale);
         }
     }
     prep_act(fmt, W, W.xn, W.xn_stride, qd, T);
@@ -1311,7 +1331,7 @@ bool stack_ok(const VoStack& st) {
 
 extern "C" {
 
-int32_t vo_version() { return 14; }
+int32_t vo_version() { return 15; }
 
 int32_t vo_max_tokens() { return MAX_TOKENS; }
 
@@ -1366,11 +1386,41 @@ int32_t vo_stack_forward(const VoStack* stp, const float* x, int32_t T, int32_t 
     std::memcpy(W.x, x, sizeof(float) * T * H);
 #pragma omp parallel num_threads(run_threads(st))
     {
-        for (int l = 0; l < st.n_layers; ++l) layer_forward(st, st.layers[l], W, T, pos0);
+        for (int l = 0; l < st.n_layers; ++l) layer_forward(st, st.layers[l], l, W, T, rows_from(pos0));
         if (head) norm_prep(st.fmt, W, W.x + (T - 1) * H, st.final_norm, H, 1, st.eps);
 #pragma omp single nowait
         for (int t = 0; t < T; ++t) rmsnorm(W.x + t * H, st.final_norm, out + t * H, H, st.eps);
         if (head) gemv(st.fmt, *head, W, 1, logits, head->rows, OUT_STORE);
+    }
+    return 0;
+}
+
+// The stack on T rows of several streams at once: row t at position pos[t] of its own KV caches
+// (kv, laid out as Rows says), each weight tile read once for all T rows. out[T, H] gets the
+// final-normed hidden states; with a head, logits[T, head.rows] get every row's logits. A stream
+// that is prefilling brings several rows, in order of position; a stream that steps brings one.
+int32_t vo_stack_forward_rows(const VoStack* stp, const float* x, int32_t T, const int32_t* pos, void* const* kv,
+                              float* out, const VoMat* head, float* logits) {
+    const VoStack& st = *stp;
+    if (!stack_ok(st) || T < 1 || T > MAX_TOKENS || !pos || !kv) return -1;
+    for (int t = 0; t < T; ++t)
+        if (pos[t] < 0 || pos[t] >= st.max_pos) return -1;
+    if (head && (head->cols != st.hidden || !rows_ok(st.fmt, head->rows))) return -2;
+    Work W;
+    if (!lay_out_work(st, 0, W)) return -4;
+    const int64_t H = st.hidden;
+    std::memcpy(W.x, x, sizeof(float) * T * H);
+    Rows R;
+    R.pos = pos;
+    R.kv = kv;
+    R.n_layers = st.n_layers;
+#pragma omp parallel num_threads(run_threads(st))
+    {
+        for (int l = 0; l < st.n_layers; ++l) layer_forward(st, st.layers[l], l, W, T, R);
+        if (head) norm_prep(st.fmt, W, W.x, st.final_norm, H, T, st.eps);
+#pragma omp single nowait
+        for (int t = 0; t < T; ++t) rmsnorm(W.x + t * H, st.final_norm, out + t * H, H, st.eps);
+        if (head) gemv(st.fmt, *head, W, T, logits, head->rows, OUT_STORE);
     }
     return 0;
 }
@@ -1557,7 +1607,7 @@ int32_t vo_talker_step(const VoStack* stp, const VoMat* head, const float* x, in
     std::memcpy(W.x, x, sizeof(float) * H);
 #pragma omp parallel num_threads(run_threads(st))
     {
-        for (int l = 0; l < st.n_layers; ++l) layer_forward(st, st.layers[l], W, 1, pos);
+        for (int l = 0; l < st.n_layers; ++l) layer_forward(st, st.layers[l], l, W, 1, rows_from(pos));
         norm_prep(st.fmt, W, W.x, st.final_norm, H, 1, st.eps);
 #pragma omp single nowait
         rmsnorm(W.x, st.final_norm, hidden, H, st.eps);
@@ -1627,7 +1677,7 @@ int32_t vo_predictor_frame(const VoStack* stp, const VoMat* heads, int32_t G, co
                     }
                 }
             }
-            for (int l = 0; l < st.n_layers; ++l) layer_forward(st, st.layers[l], W, T, pos0);
+            for (int l = 0; l < st.n_layers; ++l) layer_forward(st, st.layers[l], l, W, T, rows_from(pos0));
             // final norm of the last token, head k-1, sampling
             norm_prep(st.fmt, W, W.x + (T - 1) * H, st.final_norm, H, 1, st.eps);
             gemv(st.fmt, heads[k - 1], W, 1, logits_buf, V, OUT_STORE);
