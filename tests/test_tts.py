@@ -361,7 +361,10 @@ def test_the_installed_command_writes_a_random_checkpoint_and_speaks(tmp_path):
     exe = Path(sys.executable).parent / "qwen3-tts-edge"
     ck = tmp_path / "ck"
     subprocess.run([exe, "random-checkpoint", "--out", ck, "--talker-layers", "1", "--predictor-layers", "1",
-                    "--decoder-layers", "1"], check=True, capture_output=True, text=True)
+                    "--decoder-layers", "1", "--text-hidden", "256", "--decoder-dim", "384"],
+                   check=True, capture_output=True, text=True)
+    cfg = load_config(ck)
+    assert cfg.spec.text_hidden == 256 and cfg.decoder.spec.decoder_dim == 384
     again = subprocess.run([exe, "random-checkpoint", "--out", ck], capture_output=True, text=True)
     assert again.returncode == 2 and "exists" in again.stderr
     proc = subprocess.run([exe, "speak", "--model", ck, "--text", "Hi.", "--speaker", "aiden", "--out", "-",

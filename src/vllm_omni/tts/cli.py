@@ -104,7 +104,8 @@ def speak(args: argparse.Namespace) -> int:
 def random_checkpoint(args: argparse.Namespace) -> int:
     from vllm_omni.tts.random_checkpoint import write_random_checkpoint
 
-    shape = {k: getattr(args, k) for k in ("talker_layers", "predictor_layers", "decoder_layers") if getattr(args, k)}
+    shape = {k: getattr(args, k) for k in ("talker_layers", "predictor_layers", "decoder_layers", "text_hidden",
+                                           "decoder_dim") if getattr(args, k)}
     out = write_random_checkpoint(args.out, args.size, seed=args.seed, dtype=args.dtype, overwrite=args.overwrite,
                                   **shape)
     print(f"wrote a random-weight {args.size} checkpoint to {out} (random weights: no voice, only the shapes)",
@@ -198,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--talker-layers", type=_positive, help="fewer talker layers than the published 28 (tests)")
     r.add_argument("--predictor-layers", type=_positive, help="fewer code predictor layers than 5 (tests)")
     r.add_argument("--decoder-layers", type=_positive, help="fewer decoder transformer layers than 8 (tests)")
+    r.add_argument("--text-hidden", type=_positive, help="a narrower text embedding than the published 2048 (tests)")
+    r.add_argument("--decoder-dim", type=_positive, help="a narrower decoder than the published 1536 (tests)")
     r.add_argument("--overwrite", action="store_true", help="replace an existing directory")
     r.set_defaults(func=random_checkpoint)
     sv = sub.add_parser("serve", help="serve an OpenAI-compatible /v1/audio/speech over HTTP")
