@@ -9,11 +9,9 @@ audio still comes from the model.
 from __future__ import annotations
 
 import contextlib
-import json
 import struct
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
