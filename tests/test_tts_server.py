@@ -9,7 +9,6 @@ audio still comes from the model.
 from __future__ import annotations
 
 import contextlib
-import struct
 import threading
 import time
 
@@ -21,7 +20,7 @@ from vllm_omni.tts.pipeline import Speech
 from vllm_omni.tts.random_checkpoint import write_random_checkpoint
 from vllm_omni.tts.server.app import create_app
 from vllm_omni.tts.server.engine import SpeechEngine
-from vllm_omni.tts.wav import UNKNOWN_SIZE
+from vllm_omni.tts.wav import UNKNOWN_SIZE, parse_wav
 
 SHAPE = dict(talker_layers=2, predictor_layers=1, decoder_layers=1, text_hidden=256, decoder_dim=384)
 MAX_FRAMES = 6
@@ -85,14 +84,6 @@ def gated(speech, monkeypatch, fail_on: str | None = None):
     gate.set()
 
 
-def parse_wav(raw: bytes) -> tuple[int, np.ndarray, int]:
-    """(sample rate, samples, the header's data size) of a 16-bit mono WAV."""
-    assert raw[:4] == b"RIFF" and raw[8:16] == b"WAVEfmt "
-    rate = struct.unpack("<I", raw[24:28])[0]
-    size = struct.unpack("<I", raw[40:44])[0]
-    return rate, np.frombuffer(raw[44:], dtype="<i2"), size
-
-
 def speak(base: str, **body) -> httpx.Response:
     payload = {"model": "tiny", "input": "Hello there.", "voice": "ryan", **body}
     return httpx.post(f"{base}/v1/audio/speech", json=payload, timeout=60)
@@ -113,7 +104,7 @@ def test_the_openai_client_speaks_lists_models_and_needs_the_key(speech):
         audio = client.audio.speech.create(model="tiny", voice="ryan", input="Hello from the server.",
                                            response_format="wav")
         rate, samples, size = parse_wav(audio.content)
-        assert rate == 24000 and size == samples.size * 2 and whole_frames(samples.size)
+        assert rate == 24000 and size == samples.size * 2 == len(audio.content) - 44 and whole_frames(samples.size)
         with client.audio.speech.with_streaming_response.create(
                 model="tiny", voice="vivian", input="今天天气很好。", response_format="pcm",
                 extra_body={"stream": True, "language": "chinese"}) as r:

@@ -14,11 +14,11 @@ gave when it was sent alone (random weights rarely say EOS, so each request is c
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -93,8 +93,9 @@ class _Server:
                "--served-model-name", "bench", "--log-level", "warning", "--max-positions", "512"]
         if threads:
             cmd += ["--threads", str(threads)]
-        self.log = open(os.devnull, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.PIPE)
+        # its output goes to a file: a pipe nobody reads while the levels run could fill and stall the server
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         self.base = f"http://127.0.0.1:{self.port}"
         self.cmd = cmd
 
@@ -104,7 +105,9 @@ class _Server:
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout_s:
             if self.proc.poll() is not None:
-                raise BenchError(f"the server exited ({self.proc.returncode}): {self.proc.stderr.read().decode()[-2000:]}")
+                self.log.seek(0)
+                raise BenchError(f"the server exited ({self.proc.returncode}): "
+                                 f"{self.log.read().decode(errors='replace')[-2000:]}")
             try:
                 if httpx.get(f"{self.base}/health", timeout=2).status_code == 200:
                     return time.monotonic() - t0

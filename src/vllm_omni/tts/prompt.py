@@ -30,7 +30,12 @@ MAX_TEXT_TOKENS = 4096
 
 
 class PromptError(ValueError):
-    """A request the checkpoint cannot speak: the message names the parameter and the valid values."""
+    """A request the checkpoint cannot speak: the message names the parameter and the valid values;
+    ``param`` is that parameter's name here (text, speaker, language or instruct)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass
@@ -53,13 +58,15 @@ def resolve_speaker(cfg: CheckpointConfig, speaker: str | None) -> str | None:
     """The speaker's key in the config (lower case), None for none; PromptError listing the valid ones."""
     if speaker is None or speaker == "":
         if cfg.model_type == "custom_voice":
-            raise PromptError(f"speaker is required for {cfg.family}; valid: {', '.join(sorted(cfg.speakers))}")
+            raise PromptError(f"speaker is required for {cfg.family}; valid: {', '.join(sorted(cfg.speakers))}",
+                              param="speaker")
         return None
     if cfg.model_type != "custom_voice":
-        raise PromptError(f"speaker {speaker!r}: {cfg.family} has no named speakers (describe the voice with instruct)")
+        raise PromptError(f"speaker {speaker!r}: {cfg.family} has no named speakers (describe the voice with instruct)",
+                          param="speaker")
     key = str(speaker).lower()
     if key not in cfg.speakers:
-        raise PromptError(f"unknown speaker {speaker!r}; valid: {', '.join(sorted(cfg.speakers))}")
+        raise PromptError(f"unknown speaker {speaker!r}; valid: {', '.join(sorted(cfg.speakers))}", param="speaker")
     return key
 
 
@@ -67,7 +74,8 @@ def resolve_language(cfg: CheckpointConfig, language: str | None, speaker: str |
     """The codec language id (None for auto), a dialect speaker's own for Chinese or auto."""
     key = "auto" if language is None else str(language).lower()
     if key not in cfg.supported_languages:
-        raise PromptError(f"unknown language {language!r}; valid: {', '.join(cfg.supported_languages)}")
+        raise PromptError(f"unknown language {language!r}; valid: {', '.join(cfg.supported_languages)}",
+                          param="language")
     lang = None if key == "auto" else cfg.languages[key]
     if key in ("chinese", "auto") and speaker is not None and cfg.dialects.get(speaker, False) is not False:
         lang = cfg.languages[cfg.dialects[speaker]]
@@ -82,17 +90,17 @@ def build_prompt(ckpt: Checkpoint, text: str, *, speaker: str | None = None, lan
 
     cfg = ckpt.config
     if not isinstance(text, str) or not text.strip():
-        raise PromptError("text is empty: give the words to speak")
+        raise PromptError("text is empty: give the words to speak", param="text")
     spk = resolve_speaker(cfg, speaker)
     lang = resolve_language(cfg, language, spk)
     if cfg.model_type == "voice_design" and not (instruct and instruct.strip()):
-        raise PromptError(f"instruct is required for {cfg.family}: describe the voice to design")
+        raise PromptError(f"instruct is required for {cfg.family}: describe the voice to design", param="instruct")
     ids = ckpt.tokenizer.encode(assistant_text(text))
     body = ids[3:-5]
     if not body:
-        raise PromptError("text is empty after tokenisation")
+        raise PromptError("text is empty after tokenisation", param="text")
     if len(body) > max_text_tokens:
-        raise PromptError(f"text is {len(body)} tokens long; the maximum is {max_text_tokens}")
+        raise PromptError(f"text is {len(body)} tokens long; the maximum is {max_text_tokens}", param="text")
     c, t = cfg.codec, cfg.text
     emb = ckpt.talker.codec_embedding
 

@@ -106,14 +106,20 @@ class WavWriter:
             self.abort()
 
 
-def read_wav(path: str | Path) -> tuple[int, np.ndarray]:
-    """(sample rate, float32 samples) of a 16-bit PCM mono file written here (for tests and checks)."""
-    raw = Path(path).read_bytes()
+def parse_wav(raw: bytes, name: str = "the WAV") -> tuple[int, np.ndarray, int]:
+    """(sample rate, float32 samples, the header's data size) of 16-bit PCM mono bytes written here
+    (a file, or a server's response); a size of UNKNOWN_SIZE (a stream) takes every byte after the header."""
     if raw[:4] != b"RIFF" or raw[8:12] != b"WAVE":
-        raise ValueError(f"{path}: not a RIFF/WAVE file")
+        raise ValueError(f"{name}: not a RIFF/WAVE file")
     channels, rate, bits = struct.unpack("<H", raw[22:24])[0], struct.unpack("<I", raw[24:28])[0], struct.unpack("<H", raw[34:36])[0]
     if channels != 1 or bits != 16:
-        raise ValueError(f"{path}: expected 16-bit mono, got {bits}-bit with {channels} channels")
+        raise ValueError(f"{name}: expected 16-bit mono, got {bits}-bit with {channels} channels")
     size = struct.unpack("<I", raw[40:44])[0]
     data = raw[44:] if size == UNKNOWN_SIZE else raw[44:44 + size]
-    return rate, np.frombuffer(data, dtype="<i2").astype(np.float32) / 32767.0
+    return rate, np.frombuffer(data, dtype="<i2").astype(np.float32) / 32767.0, size
+
+
+def read_wav(path: str | Path) -> tuple[int, np.ndarray]:
+    """(sample rate, float32 samples) of a 16-bit PCM mono file written here (for tests and checks)."""
+    rate, samples, _ = parse_wav(Path(path).read_bytes(), str(path))
+    return rate, samples

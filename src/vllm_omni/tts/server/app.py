@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from vllm_omni.tts.prompt import PromptError, resolve_language, resolve_speaker
 from vllm_omni.tts.server.engine import Busy, Job, SpeechEngine, Timeout
 from vllm_omni.tts.server.protocol import MEDIA_TYPES, RequestError, parse_request
 
@@ -28,7 +29,6 @@ def _error(exc: RequestError) -> JSONResponse:
 
 def create_app(engine: SpeechEngine, *, model_id: str, api_key: str | None = None) -> FastAPI:
     """The FastAPI application serving ``engine``'s checkpoint under the name ``model_id``."""
-    from vllm_omni.tts.prompt import PromptError, resolve_language, resolve_speaker
     from vllm_omni.tts.wav import UNKNOWN_SIZE, header, pcm16
 
     speech = engine.speech
@@ -76,12 +76,9 @@ def create_app(engine: SpeechEngine, *, model_id: str, api_key: str | None = Non
                                    param="model", code="model_not_found")
             try:
                 speaker = resolve_speaker(cfg, req.voice)
-            except PromptError as exc:
-                raise RequestError(400, f"voice: {exc}", param="voice") from None
-            try:
                 resolve_language(cfg, req.language, speaker)
             except PromptError as exc:
-                raise RequestError(400, f"language: {exc}", param="language") from None
+                raise _prompt_error(exc) from None
             loop = asyncio.get_running_loop()
             events: asyncio.Queue = asyncio.Queue()
             job = Job(req.input, speaker, req.language, req.instructions,
@@ -151,14 +148,20 @@ async def _next_event(events: asyncio.Queue, request: Request, job: Job, poll_s:
             raise
 
 
+# The prompt's parameter names (PromptError.param) as the request's fields.
+WIRE_FIELDS = {"text": "input", "speaker": "voice", "language": "language", "instruct": "instructions"}
+
+
+def _prompt_error(exc: PromptError) -> RequestError:
+    """A PromptError as a 400 naming the request's field."""
+    field = WIRE_FIELDS.get(exc.param)
+    return RequestError(400, f"{field}: {exc}" if field else str(exc), param=field)
+
+
 def _as_request_error(exc: Exception) -> RequestError:
     """What the engine reported before the first audio, as an HTTP error."""
-    from vllm_omni.tts.prompt import PromptError
-
     if isinstance(exc, PromptError):
-        msg = str(exc)
-        param = "instructions" if "instruct" in msg else "input" if "text" in msg else None
-        return RequestError(400, msg, param=param)
+        return _prompt_error(exc)
     if isinstance(exc, Timeout):
         return RequestError(504, str(exc), kind="timeout_error", code="timeout")
     if isinstance(exc, ValueError):

@@ -48,7 +48,6 @@ class Job:
     events: Callable[[str, Any], None]
     deadline: float  # time.monotonic() by which the request must be done
     seed: int = 0
-    max_frames: int | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
     started: float | None = None
 
@@ -147,7 +146,7 @@ class SpeechEngine:
         try:
             for chunk in self.speech.stream(job.text, speaker=job.speaker, language=job.language,
                                             instruct=job.instruct, seed=job.seed,
-                                            max_frames=job.max_frames or self.max_frames, stop=job.should_stop):
+                                            max_frames=self.max_frames, stop=job.should_stop):
                 self._emit(job, "audio", chunk)
             stats = self.speech.last_stats
             if stats.stopped and job.cancelled.is_set():

@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-FORMATS = ("wav", "pcm")
 MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"}
+FORMATS = tuple(MEDIA_TYPES)
 MAX_INPUT_CHARS = 4096  # OpenAI's limit for this endpoint
 
 
