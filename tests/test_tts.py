@@ -177,6 +177,27 @@ def test_streaming_decode_equals_whole_decode(speech):
     assert torch.equal(dec.push(codes[:3]), dec.decode(codes[:3]))
 
 
+def test_the_bf16_decoder_streams_close_to_the_fp32_decode(speech):
+    """bf16 long convolutions (the default with int8/int4 weights where the CPU multiplies bf16):
+    streamed in uneven chunks, within a stated distance of the fp32 whole decode."""
+    from vllm_omni.tts.pipeline import decoder_precision
+
+    dc = speech.ckpt.config.decoder
+    codes = torch.randint(0, 2048, (40, 16), generator=torch.Generator().manual_seed(3))
+    ref = StreamingDecoder(speech.ckpt.decoder, dc).decode(codes)
+    dec = StreamingDecoder(speech.ckpt.decoder, dc, "bf16")
+    assert dec.conv_in.w16 is not None and dec.pre_conv.w16 is None  # only the long convs
+    cuts = [0, 1, 2, 4, 6, 10, 14, 40]
+    got = torch.cat([dec.push(codes[a:b]) for a, b in zip(cuts, cuts[1:])])
+    snr = 10 * torch.log10(ref.pow(2).mean() / (got - ref).pow(2).mean())
+    assert got.shape == ref.shape and 30 < float(snr) < 80  # close, and not secretly fp32
+    with pytest.raises(ValueError, match="decoder precision must be one of fp32, bf16"):
+        StreamingDecoder(speech.ckpt.decoder, dc, "fp16")
+    assert decoder_precision("auto", "fp32") == "fp32" and decoder_precision("bf16", "fp32") == "bf16"
+    with pytest.raises(ValueError, match="decoder must be one of auto, fp32, bf16"):
+        decoder_precision("int8", "int4")
+
+
 def test_decoder_refuses_bad_codes(speech):
     dec = StreamingDecoder(speech.ckpt.decoder, speech.ckpt.config.decoder)
     with pytest.raises(ValueError, match=r"codes must be \[frames, 16\]"):
@@ -222,18 +243,18 @@ def test_greedy_is_deterministic_and_seeds_reproduce(speech):
 
 def test_generation_stops_at_eos_and_drops_its_frame(speech, monkeypatch):
     gen = speech.generator
-    real_step = gen.talker.step
+    real_rows = gen.talker.native.forward_rows
     calls = []
 
-    def eos_after_three(x):
-        logits, hidden = real_step(x)
+    def eos_after_three(x, positions, caches, head=None, head_rows=None):
+        out, logits = real_rows(x, positions, caches, head=head, head_rows=head_rows)
         calls.append(1)
-        if len(calls) >= 3:
+        if len(calls) >= 4:  # the prompt's call, then the steps after frames 0 and 1, then EOS after frame 2
             logits = torch.full_like(logits, -10.0)
-            logits[2150] = 10.0
-        return logits, hidden
+            logits[:, 2150] = 10.0
+        return out, logits
 
-    monkeypatch.setattr(gen.talker, "step", eos_after_three)
+    monkeypatch.setattr(gen.talker.native, "forward_rows", eos_after_three)
     p = build_prompt(speech.ckpt, "hello", speaker="ryan")
     from vllm_omni.tts.generate import GenerationStats, Sampling
 

@@ -1,9 +1,9 @@
 """The speech server on loopback: a real OpenAI client, the wire format, and behaviour under faults.
 
 A small random-weight checkpoint (our writer) is served by the real engine and app through
-uvicorn on 127.0.0.1. Where a test needs a request to be slow, to fail or to be cut, the real
-``Speech.stream`` is wrapped so that it waits on a gate or raises after its first chunk; the
-audio still comes from the model.
+uvicorn on 127.0.0.1. Where a test needs a request to be slow, to fail or to be cut, each
+utterance the engine opens (``Speech.open``) is wrapped so that it waits on a gate or raises
+after its first chunk; the audio still comes from the model.
 """
 
 from __future__ import annotations
@@ -65,21 +65,31 @@ def shared(speech):
 
 @contextlib.contextmanager
 def gated(speech, monkeypatch, fail_on: str | None = None):
-    """``speech.stream`` that waits for ``gate`` before each chunk after the first, and raises after the first chunk
-    of ``fail_on``."""
+    """Utterances (``speech.open``) that wait for ``gate`` before handing over each chunk after the
+    first, and raise after the first chunk of ``fail_on``; the engine's one worker waits with them."""
     gate = threading.Event()
-    real = speech.stream
+    real = speech.open
 
-    def stream(text, **kw):
-        for i, chunk in enumerate(real(text, **kw)):
+    def open_(text, **kw):
+        speaking = real(text, **kw)
+        add, chunks = speaking.add, [0]
+
+        def gated_add(codes):
+            chunk = add(codes)
+            if chunk is None:
+                return None
+            i, chunks[0] = chunks[0], chunks[0] + 1
             if text == fail_on and i == 1:
                 raise RuntimeError("a fault inside this stream")
             while i and not gate.wait(0.05):
-                if kw["stop"]():
+                if speaking.should_stop():
                     break
-            yield chunk
+            return chunk
 
-    monkeypatch.setattr(speech, "stream", stream)
+        speaking.add = gated_add
+        return speaking
+
+    monkeypatch.setattr(speech, "open", open_)
     yield gate
     gate.set()
 
@@ -177,7 +187,7 @@ def _wait_for(cond, what: str, timeout: float = 30.0) -> None:
 
 
 def test_a_full_queue_says_429_with_a_retry_hint_and_bad_input_disturbs_nothing(speech, monkeypatch):
-    with gated(speech, monkeypatch) as gate, serving(speech, max_queue=1) as (base, engine):
+    with gated(speech, monkeypatch) as gate, serving(speech, max_streams=1, max_queue=1) as (base, engine):
         first, first_out = _in_thread(lambda: speak(base, input="The first one."))
         _wait_for(lambda: engine.status()["speaking"] == 1, "the first request to start")
         second, second_out = _in_thread(lambda: speak(base, input="The second one."))
@@ -191,6 +201,22 @@ def test_a_full_queue_says_429_with_a_retry_hint_and_bad_input_disturbs_nothing(
         for out in (first_out, second_out):
             assert out["result"].status_code == 200 and whole_frames(parse_wav(out["result"].content)[1].size)
         assert engine.status()["rejected"] == 1 and engine.status()["served"] == 2
+
+
+def test_two_requests_speak_together_and_each_gets_its_own_audio(speech, monkeypatch):
+    texts = ["The first of two.", "今天天气很好。"]
+    with serving(speech, max_streams=2, max_queue=0) as (base, engine):
+        alone = [parse_wav(speak(base, input=t, seed=5).content)[1] for t in texts]
+        with gated(speech, monkeypatch) as gate:
+            runs = [_in_thread(lambda t=t: speak(base, input=t, seed=5)) for t in texts]
+            _wait_for(lambda: engine.status()["speaking"] == 2, "both requests to speak at once")
+            assert speak(base, input="A third.").status_code == 429  # two streams, no queue
+            gate.set()
+            for t, _ in runs:
+                t.join(60)
+        for (_, out), want in zip(runs, alone):
+            assert out["result"].status_code == 200 and np.array_equal(parse_wav(out["result"].content)[1], want)
+        assert engine.status()["served"] == 4 and engine.status()["rejected"] == 1
 
 
 def test_a_fault_in_one_stream_ends_only_that_stream(speech, monkeypatch):

@@ -55,6 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=positive_number, default=None,
                    help="seconds each level sends for (default 40; quick 3)")
     p.add_argument("--frames", type=positive_int, default=None, help="frames per request (default 25; quick 3)")
+    p.add_argument("--max-streams", type=positive_int, default=2, help="the server's --max-streams (default 2)")
     p.add_argument("--max-queue", type=nonnegative_int, default=1, help="the server's --max-queue (default 1)")
     p.add_argument("--soak", type=nonnegative_int, default=0,
                    help="after the levels, seconds at the server's maximum (one speaking, --max-queue waiting), "
@@ -85,11 +86,12 @@ def _rss_gib(pid: int, field: str = "VmRSS") -> float | None:
 class _Server:
     """``qwen3-tts-edge serve`` in a child process on a free loopback port."""
 
-    def __init__(self, model_dir: Path, weights: str, threads: int | None, frames: int, max_queue: int):
+    def __init__(self, model_dir: Path, weights: str, threads: int | None, frames: int, max_streams: int,
+                 max_queue: int):
         self.port = _free_port()
         exe = Path(sys.executable).parent / "qwen3-tts-edge"
         cmd = [str(exe), "serve", "--model", str(model_dir), "--port", str(self.port), "--weights", weights,
-               "--max-frames", str(frames), "--max-queue", str(max_queue), "--timeout", "600",
+               "--max-frames", str(frames), "--max-streams", str(max_streams), "--max-queue", str(max_queue), "--timeout", "600",
                "--served-model-name", "bench", "--log-level", "warning", "--max-positions", "512"]
         if threads:
             cmd += ["--threads", str(threads)]
@@ -236,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
     frames = args.frames or (3 if args.quick else 25)
     model_dir = args.model_dir or random_checkpoint(args.model, args.seed, args.quick)
     cfg = load_config(model_dir)
-    server = _Server(model_dir, args.weights, args.threads, frames, args.max_queue)
+    server = _Server(model_dir, args.weights, args.threads, frames, args.max_streams, args.max_queue)
     try:
         ready_s = server.wait_ready()
         # each prompt alone first: the sample count every later response of it must have
@@ -258,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
                          _r(max(rtf) if rtf else None, 3), _r(audio_s / wall, 3), _rss_gib(server.proc.pid)])
             detail[str(clients)] = {"wall_s": round(wall, 2), "incomplete": t["incomplete"][:5],
                                     "other_status": sorted({r["status"] for r in t["other"] if r["status"]})}
-        soak = _soak(server, 1 + args.max_queue, args.soak, expected) if args.soak else None
+        soak = _soak(server, args.max_streams, args.soak, expected) if args.soak else None
         peak = _rss_gib(server.proc.pid, "VmHWM")
     finally:
         server.stop()
@@ -286,18 +288,21 @@ def run(args: argparse.Namespace) -> int:
         quantization=args.weights, threads=args.threads or "all", source="vllm-omni-bench serve-load",
         compare={"tolerance": 0.25, "key_columns": ["concurrency"], "columns": ["first audio p50", "RTF p50"]},
         run={"prompts": list(PROMPTS), "speaker": SPEAKER, "language": LANGUAGE, "frames_per_request": frames,
-             "duration_s": duration, "max_queue": args.max_queue, "server_command": server.cmd[1:],
+             "duration_s": duration, "max_streams": args.max_streams, "max_queue": args.max_queue, "server_command": server.cmd[1:],
              "server_ready_s": round(ready_s, 2), "server_memory_idle_gib": rss_idle, "server_memory_peak_gib": peak,
-             "expected_samples": expected, "levels": detail, "soak": soak, "engine": "one request spoken at a time"},
+             "expected_samples": expected, "levels": detail, "soak": soak,
+             "engine": f"up to {args.max_streams} requests spoken at once, each frame of all of them in one talker "
+                       "call and one predictor call"},
         notes=("Each level: that many clients send streamed pcm requests back to back for run.duration_s (a refused "
                "client waits 0.2 s before its next), cycling through the 12 prompts. First audio: from sending the "
                "request to the first body bytes. RTF: a request's wall time over its audio time, queueing included. "
                "Audio s per wall s: the audio of all accepted requests over the level's wall time. Failed or "
                "incomplete: accepted requests whose body was cut or whose sample count differs from the same prompt "
-               "sent alone, plus any status other than 200 and 429. The server speaks one request at a time "
-               f"(--max-queue {args.max_queue} more may wait; beyond, 429). Random weights of the published shapes: "
-               "every request is cut at run.frames_per_request frames. run.soak (with --soak): the server's maximum "
-               "number of clients for that long after the levels, its resident memory sampled every 5 s "
+               "sent alone, plus any status other than 200 and 429. The server speaks up to --max-streams "
+               f"{args.max_streams} requests at once, stepped together (--max-queue {args.max_queue} more may wait; "
+               "beyond, 429). Random weights of the published shapes: "
+               "every request is cut at run.frames_per_request frames. run.soak (with --soak): --max-streams clients "
+               "(the configured maximum of streams) for that long after the levels, its resident memory sampled every 5 s "
                "(memory_gib: [seconds, GiB]) and its growth from the first sample to the last.")
               + (" Quick mode: a shallow checkpoint and short levels, not a figure." if args.quick else ""),
     )

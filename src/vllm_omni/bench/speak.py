@@ -31,6 +31,7 @@ TEXT = "Hello! This short sentence is spoken on two CPU cores, one frame at a ti
 SPEAKER, LANGUAGE = "ryan", "english"
 FORMATS = ("int4", "int8", "fp32")  # int4 first: the peak memory recorded with its rows is its own
 MODES = {"streaming": True, "non-streaming": False}
+DECODERS = ("auto", "fp32", "bf16")
 CACHE_ENV = "VLLM_OMNI_CHECKPOINTS"
 QUICK_SHAPE = dict(talker_layers=2, predictor_layers=1, decoder_layers=1, text_hidden=256, decoder_dim=384)
 
@@ -46,6 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text-modes", default=",".join(MODES), help="streaming,non-streaming (default both)")
     p.add_argument("--frames", type=positive_int, default=None, help="frames per utterance (default 40; --quick 3)")
     p.add_argument("--repeats", type=positive_int, default=None, help="utterances per setting (default 3; --quick 1)")
+    p.add_argument("--decoders", default="auto",
+                   help="comma-separated decoder precisions, auto, fp32 or bf16 (default auto: as speak picks)")
     p.add_argument("--official", action="store_true",
                    help="also time the official qwen-tts (fp32) end to end and its decoder on the same checkpoint")
     p.add_argument("--quick", action="store_true", help="a shallow checkpoint and a few frames: for doctests only")
@@ -82,6 +85,15 @@ def _timeline_name(name: str | None) -> str | None:
     return "timeline-" + (name[len("speak-"):] if name.startswith("speak-") else name)
 
 
+def _bf16(r: dict, key: str) -> str:
+    """``key`` of a row in run, with "-bf16" where the row's decoder ran in bf16."""
+    return key + "-bf16" if r.get("decoder_precision") == "bf16" else key
+
+
+def _key(r: dict) -> str:
+    return _bf16(r, f"{r['weights']}-t{r['threads']}-{r['mode']}")
+
+
 def _peak_gib() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
 
@@ -90,19 +102,20 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def _ours(model_dir: Path, fmt: str, threads: int, modes: list[str], frames: int, repeats: int) -> list[dict]:
+def _ours(model_dir: Path, fmt: str, threads: int, modes: list[str], frames: int, repeats: int,
+          decoder: str) -> list[dict]:
     from vllm_omni.tts.pipeline import Speech
     from vllm_omni.tts.weight_cache import CACHED_FORMATS, cache_path
 
     cache_path(model_dir, fmt).unlink(missing_ok=True)  # the first start packs (and writes the cache)
     t0 = time.perf_counter()
-    speech = Speech.load(model_dir, weights=fmt, threads=threads, max_positions=512)
+    speech = Speech.load(model_dir, weights=fmt, threads=threads, max_positions=512, decoder=decoder)
     load_s, cached_load_s = time.perf_counter() - t0, None
     if fmt in CACHED_FORMATS and cache_path(model_dir, fmt).is_file():  # a second start, from that cache
         del speech
         gc.collect()
         t0 = time.perf_counter()
-        speech = Speech.load(model_dir, weights=fmt, threads=threads, max_positions=512)
+        speech = Speech.load(model_dir, weights=fmt, threads=threads, max_positions=512, decoder=decoder)
         cached_load_s = time.perf_counter() - t0
         if not speech.generator.cache.hit:
             raise BenchError(f"{cache_path(model_dir, fmt)}: the second start did not read the packed cache")
@@ -124,6 +137,7 @@ def _ours(model_dir: Path, fmt: str, threads: int, modes: list[str], frames: int
         part = {k: _median([s[k] for s in split]) for k in split[0]}
         rows.append({
             "impl": "this project", "weights": fmt, "threads": threads, "mode": mode,
+            "decoder_precision": speech.decoder.precision,
             "first_audio_ms": _median([s.first_audio_s * 1e3 for s in runs]),
             "first_audio_range": [min(s.first_audio_s for s in runs) * 1e3, max(s.first_audio_s for s in runs) * 1e3],
             "prefill_ms": _median([s.generation.prefill_ms for s in runs]),
@@ -141,27 +155,34 @@ def _ours(model_dir: Path, fmt: str, threads: int, modes: list[str], frames: int
 
 
 def _decoder_alone(model_dir: Path, threads: int, frames: int, repeats: int) -> dict[str, float]:
-    """Our decoder's ms per frame: one frame per call, four per call, and the whole utterance in one call."""
+    """Our decoder's ms per frame: one frame per call, four per call, and the whole utterance in one call, in
+    fp32 and (where the CPU multiplies bf16) bf16; and the bf16 decode's distance from the fp32 one (dB)."""
     import torch
 
     from vllm_omni.tts.checkpoint import load_checkpoint
-    from vllm_omni.tts.decoder import StreamingDecoder
+    from vllm_omni.tts.decoder import StreamingDecoder, bf16_helps
 
     torch.set_num_threads(threads)
     ck = load_checkpoint(model_dir)
-    dec = StreamingDecoder(ck.decoder, ck.config.decoder)
     codes = torch.randint(0, 2048, (frames, 16), generator=torch.Generator().manual_seed(0))
-    out = {}
-    for label, chunk in (("1 frame per call", 1), ("4 frames per call", 4), ("whole utterance", frames)):
-        times = []
-        dec.decode(codes[:4])
-        for _ in range(repeats):
-            dec.reset()
-            t0 = time.perf_counter()
-            for a in range(0, frames, chunk):
-                dec.push(codes[a:a + chunk])
-            times.append((time.perf_counter() - t0) * 1e3 / frames)
-        out[label] = _median(times)
+    out, whole = {}, {}
+    for precision in ("fp32", "bf16") if bf16_helps() else ("fp32",):
+        dec = StreamingDecoder(ck.decoder, ck.config.decoder, precision)
+        suffix = "" if precision == "fp32" else ", bf16"
+        for label, chunk in (("1 frame per call", 1), ("4 frames per call", 4), ("whole utterance", frames)):
+            times = []
+            dec.decode(codes[:4])
+            for _ in range(repeats):
+                dec.reset()
+                t0 = time.perf_counter()
+                for a in range(0, frames, chunk):
+                    dec.push(codes[a:a + chunk])
+                times.append((time.perf_counter() - t0) * 1e3 / frames)
+            out[label + suffix] = _median(times)
+        whole[precision] = dec.decode(codes)
+    if "bf16" in whole:
+        err = (whole["bf16"] - whole["fp32"]).pow(2).mean()
+        out["bf16 SNR against fp32 (dB)"] = float(10 * torch.log10(whole["fp32"].pow(2).mean() / err))
     return out
 
 
@@ -183,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
 
     from vllm_omni.testing import official
     from vllm_omni.tts.config import load_config
+    from vllm_omni.tts.pipeline import decoder_precision
     from vllm_omni.tts.text import assistant_text
 
     formats = parse_list(args.weights, FORMATS, "weights")
@@ -206,9 +228,11 @@ def run(args: argparse.Namespace) -> int:
     tok = load_tokenizer(cfg)
     text_tokens = len(tok.encode(assistant_text(TEXT))) - 8
     rows: list[dict] = []
+    decoders = parse_list(args.decoders, DECODERS, "decoders")
     for fmt in formats:
         for t in counts:
-            rows += _ours(model_dir, fmt, t, modes, frames, repeats)
+            for decoder in dict.fromkeys(decoder_precision(d, fmt) for d in decoders):
+                rows += _ours(model_dir, fmt, t, modes, frames, repeats, decoder)
     decoder = {t: _decoder_alone(model_dir, t, max(frames, 8), repeats) for t in counts}
     official_runs = {}
     if args.official:
@@ -233,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
         {"name": "weights", "unit": None, "type": "text"},
         {"name": "threads", "unit": None, "type": "number", "format": ".0f"},
         {"name": "text", "unit": None, "type": "text"},
+        {"name": "decoder precision", "unit": None, "type": "text"},
         {"name": "first audio", "unit": "ms", "type": "number", "format": ".0f"},
         {"name": "prefill", "unit": "ms", "type": "number", "format": ".1f"},
         {"name": "talker", "unit": "ms", "type": "number", "format": ".1f"},
@@ -254,7 +279,9 @@ def run(args: argparse.Namespace) -> int:
         ref = best_official.get((r["threads"], r["mode"]))
         speedup = None if ref is None or r["impl"] != "this project" else round(ref["rtf"] / r["rtf"], 2)
         who = "ours" if r["impl"] == "this project" else "official"
-        table.append([f"{who} {r['weights']} t{r['threads']} {r['mode']}", r["impl"], r["weights"], r["threads"], r["mode"], r3(r["first_audio_ms"]), r3(r["prefill_ms"]),
+        dec = r.get("decoder_precision", "fp32")
+        label = f"{who} {r['weights']} t{r['threads']} {r['mode']}" + (" bf16 decoder" if dec == "bf16" else "")
+        table.append([label, r["impl"], r["weights"], r["threads"], r["mode"], dec, r3(r["first_audio_ms"]), r3(r["prefill_ms"]),
                       r3(r.get("talker_ms")), r3(r.get("predictor_ms")), r3(r.get("sampler_ms")),
                       r3(r.get("decoder_ms")), r3(r.get("bookkeeping_ms")), r3(r["frame_ms"]), r3(r["rtf"]), speedup,
                       r.get("peak_rss_gib")])
@@ -297,14 +324,13 @@ def run(args: argparse.Namespace) -> int:
             "text": TEXT, "text_tokens": text_tokens, "speaker": SPEAKER, "language": LANGUAGE,
             "frames_per_utterance": frames, "repeats": repeats,
             "prefill_positions": {r["mode"]: r["prefill_positions"] for r in rows if "prefill_positions" in r},
-            "first_audio_range_ms": {f"{r['weights']}-t{r['threads']}-{r['mode']}": [round(v, 1) for v in
-                                                                                    r["first_audio_range"]]
+            "first_audio_range_ms": {_key(r): [round(v, 1) for v in r["first_audio_range"]]
                                      for r in rows if "first_audio_range" in r},
-            "rtf_range": {f"{r['weights']}-t{r['threads']}-{r['mode']}": [round(v, 3) for v in r["rtf_range"]]
-                          for r in rows if "rtf_range" in r},
-            "load_s": {f"{r['impl']}-{r['weights']}-t{r['threads']}": round(r["load_s"], 2) for r in rows},
-            "cached_load_s": {f"{r['weights']}-t{r['threads']}": round(r["cached_load_s"], 2) for r in rows
-                              if r.get("cached_load_s") is not None} or None,
+            "rtf_range": {_key(r): [round(v, 3) for v in r["rtf_range"]] for r in rows if "rtf_range" in r},
+            "load_s": {r["impl"] + "-" + _bf16(r, f"{r['weights']}-t{r['threads']}"): round(r["load_s"], 2)
+                       for r in rows},
+            "cached_load_s": {_bf16(r, f"{r['weights']}-t{r['threads']}"): round(r["cached_load_s"], 2)
+                              for r in rows if r.get("cached_load_s") is not None} or None,
             "decoder_ms_per_frame": {str(t): {k: round(v, 2) for k, v in d.items()} for t, d in decoder.items()},
             "official": {str(t): {"versions": res.get("versions"),
                                   "decode_only_ms_per_frame": round(_median(res["decode_only"]["seconds"]) * 1e3
@@ -322,8 +348,10 @@ def run(args: argparse.Namespace) -> int:
                "samples as its defaults say, this project with the same rules and its own noise. Peak memory: "
                "the process's peak resident set after that row (formats run int4 first). run.load_s: a first start "
                "(int8 and int4 packed, and the packed weights written next to the checkpoint); run.cached_load_s: "
-               "the second start, from that cache, whose speech the row measures. run.decoder_ms_per_frame "
-               "times the decoder alone on random codes; run.official.decode_only_ms_per_frame the official decode "
+               "the second start, from that cache, whose speech the row measures. Decoder precision: bf16 runs "
+               "the decoder's long convolutions in bf16 (speak's default with int8/int4 weights where the CPU "
+               "multiplies bf16). run.decoder_ms_per_frame times the decoder alone on random codes, in fp32 and "
+               "bf16, with the bf16 decode's distance from the fp32 one (signal over difference, dB); run.official.decode_only_ms_per_frame the official decode "
                "of the same codes in one call."
                + (" Quick mode: a shallow checkpoint and three frames, for doctests only, not a figure."
                   if args.quick else "")),

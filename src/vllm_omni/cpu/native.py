@@ -166,12 +166,17 @@ _SIGNATURES = {
     "vo_isa": (_I32, []),
     "vo_workspace_bytes": (_I64, [ctypes.POINTER(VoStack), _I64]),
     "vo_stack_forward": (_I32, [ctypes.POINTER(VoStack), P, _I32, _I32, P, ctypes.POINTER(VoMat), P]),
-    "vo_stack_forward_rows": (_I32, [ctypes.POINTER(VoStack), P, _I32, P, P, P, ctypes.POINTER(VoMat), P]),
+    "vo_stack_forward_rows": (_I32, [ctypes.POINTER(VoStack), P, _I32, P, P, P, ctypes.POINTER(VoMat), P, _I32]),
     "vo_talker_step": (_I32, [ctypes.POINTER(VoStack), ctypes.POINTER(VoMat), P, _I32, P, P]),
     "vo_predictor_frame": (_I32, [
         ctypes.POINTER(VoStack), ctypes.POINTER(VoMat), _I32, P, _I64, ctypes.POINTER(VoMat), P, P, P,
         _I32, _F32, _I32, P, ctypes.c_uint64, P, P, P,
     ]),
+    "vo_predictor_frames": (_I32, [
+        ctypes.POINTER(VoStack), ctypes.POINTER(VoMat), _I32, P, _I64, ctypes.POINTER(VoMat), P, _I32, P, P, P,
+        _I32, _F32, _I32, P, P, P, P, P, P,
+    ]),
+    "vo_max_streams": (_I32, []),
     "vo_counter_uniforms": (None, [ctypes.c_uint64, ctypes.c_uint64, _I64, P]),
     "vo_linear": (_I32, [_I32, ctypes.POINTER(VoMat), P, _I32, P, _I32]),
     "vo_swiglu": (None, [P, P, P, _I32]),

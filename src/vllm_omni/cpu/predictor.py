@@ -137,41 +137,53 @@ class NativeStack:
             raise RuntimeError(f"vo_stack_forward failed ({rc}): T={t}, pos0={pos0}, max_positions={self.max_positions}")
 
     def new_cache(self) -> tuple[list[Tensor], list[Tensor]]:
-        """Another stream's KV cache for this stack (keys, values per layer), for ``forward_rows``."""
-        keys = [torch.zeros_like(k) for k in self.k_cache]
-        return keys, [torch.zeros_like(k) for k in keys]
+        """Another stream's KV cache for this stack (keys, values per layer), for ``forward_rows``.
+
+        Left uninitialised: a row reads only the positions up to its own, which its stream has
+        written, so a cache is reused without clearing, and the memory of positions never
+        reached is never touched (a 2048-position fp16 cache of the 0.6B talker is 235 MB)."""
+        keys = [torch.empty_like(k) for k in self.k_cache]
+        return keys, [torch.empty_like(k) for k in keys]
 
     def forward_rows(self, x: Tensor, positions: list[int], caches: list[tuple[list[Tensor], list[Tensor]]],
-                     head: QuantMatrix | None = None) -> tuple[Tensor, Tensor | None]:
+                     head: QuantMatrix | None = None, head_rows: int | None = None) -> tuple[Tensor, Tensor | None]:
         """Rows of several streams in one call, each weight tile read once for all of them: row t of
         ``x`` [T, H] at ``positions[t]`` of ``caches[t]`` (``new_cache``, or the stack's own
         ``(k_cache, v_cache)``); rows that share a cache come in order of position. Returns the
-        final-normed hidden states [T, H] and, with ``head``, every row's logits [T, head.rows]."""
+        final-normed hidden states [T, H] and, with ``head``, the logits [L, head.rows] of the last
+        L = ``head_rows`` rows (default: every row)."""
         x = x.float().contiguous()
         t = x.shape[0]
         if len(positions) != t or len(caches) != t:
             raise ValueError(f"{t} rows need {t} positions and {t} caches, got {len(positions)} and {len(caches)}")
-        n = len(self.k_cache)
-        kv = (ctypes.c_void_p * (t * n * 2))()
-        for r, (keys, values) in enumerate(caches):
-            if len(keys) != n or len(values) != n:
-                raise ValueError(f"row {r}: a cache needs {n} layers of keys and values")
-            for layer, (k, v) in enumerate(zip(keys, values)):
-                want = self.k_cache[layer]
-                if k.shape != want.shape or v.shape != want.shape or k.dtype != want.dtype or v.dtype != want.dtype:
-                    raise ValueError(f"row {r}, layer {layer}: cache of {list(k.shape)} {k.dtype}, expected "
-                                     f"{list(want.shape)} {want.dtype} (NativeStack.new_cache)")
-                kv[(r * n + layer) * 2], kv[(r * n + layer) * 2 + 1] = k.data_ptr(), v.data_ptr()
+        kv = self.kv_pointers(caches, "row")
+        last = t if head_rows is None else whole_number("head_rows", head_rows, 1, t)
         pos = (ctypes.c_int32 * t)(*positions)
         out = torch.empty(t, self.stack.hidden)
-        logits = None if head is None else torch.empty(t, head.rows)
+        logits = None if head is None else torch.empty(last, head.rows)
         hm = None if head is None else ctypes.byref(vo_mat(head))
         rc = self.lib.vo_stack_forward_rows(ctypes.byref(self.c), x.data_ptr(), t, ctypes.addressof(pos),
-                                            ctypes.addressof(kv), out.data_ptr(), hm, _ptr(logits))
+                                            ctypes.addressof(kv), out.data_ptr(), hm, _ptr(logits), last)
         if rc != 0:
             raise RuntimeError(f"vo_stack_forward_rows failed ({rc}): T={t}, positions={list(positions)}, "
                                f"max_positions={self.max_positions}")
         return out, logits
+
+    def kv_pointers(self, caches: list[tuple[list[Tensor], list[Tensor]]], what: str) -> ctypes.Array:
+        """The native table of ``caches`` (keys then values, per entry and layer), each checked against
+        the stack's own cache; ``what`` names an entry in the errors ("row", "stream")."""
+        n = len(self.k_cache)
+        kv = (ctypes.c_void_p * (len(caches) * n * 2))()
+        for r, (keys, values) in enumerate(caches):
+            if len(keys) != n or len(values) != n:
+                raise ValueError(f"{what} {r}: a cache needs {n} layers of keys and values")
+            for layer, (k, v) in enumerate(zip(keys, values)):
+                want = self.k_cache[layer]
+                if k.shape != want.shape or v.shape != want.shape or k.dtype != want.dtype or v.dtype != want.dtype:
+                    raise ValueError(f"{what} {r}, layer {layer}: cache of {list(k.shape)} {k.dtype}, expected "
+                                     f"{list(want.shape)} {want.dtype} (NativeStack.new_cache)")
+                kv[(r * n + layer) * 2], kv[(r * n + layer) * 2 + 1] = k.data_ptr(), v.data_ptr()
+        return kv
 
     def fill_cache(self, length: int, seed: int = 0) -> None:
         """Fill the first ``length`` cache positions with random K/V (benchmark set-up)."""
@@ -257,6 +269,52 @@ class FusedPredictor:
             raise RuntimeError(f"vo_predictor_frame failed ({rc})")
         out = (self._codes.clone(), self._sum.clone())
         return out + (self._logits.clone(),) if return_logits else out
+
+    def new_cache(self) -> tuple[list[Tensor], list[Tensor]]:
+        """Another stream's 16-slot cache, for ``frames``."""
+        return self.native.new_cache()
+
+    @property
+    def max_streams(self) -> int:
+        """Streams one ``frames`` call takes (its first pass holds two rows a stream)."""
+        return int(self.lib.vo_max_streams())
+
+    def frames(self, past_hidden: Tensor, c0_embed: Tensor, caches: list, *, greedy: bool = True,
+               temperature: float = 0.9, top_k: int = 50, noise_keys: list[int] | None = None) -> tuple[Tensor, Tensor]:
+        """The frames of B streams in one native call, each weight tile read once for all of them:
+        (codes int64 [B, 15], embed sums [B, H_t]) from ``past_hidden`` and ``c0_embed`` [B, H_t],
+        stream b in ``caches[b]`` (``new_cache``) with noise key ``noise_keys[b]`` when sampling.
+        Each stream's codes are those ``frame`` gives it alone."""
+        ph = past_hidden.float().contiguous()
+        c0 = c0_embed.float().contiguous()
+        b = ph.shape[0] if ph.ndim == 2 else 0
+        if ph.shape != (b, self.ht) or c0.shape != (b, self.ht) or not 1 <= b <= self.max_streams:
+            raise ValueError(f"past_hidden and c0_embed must be [B, {self.ht}] with B in 1..{self.max_streams}, "
+                             f"got {list(ph.shape)} and {list(c0.shape)}")
+        if len(caches) != b:
+            raise ValueError(f"{b} streams need {b} caches, got {len(caches)}")
+        keys = (ctypes.c_uint64 * b)()
+        if not greedy:
+            check_sampling(temperature, top_k, self.vocab)
+            if noise_keys is None or len(noise_keys) != b:
+                raise ValueError(f"sampling {b} streams needs {b} noise_keys")
+            for i, key in enumerate(noise_keys):
+                if not 0 <= key < 1 << 64:
+                    raise ValueError(f"noise_keys[{i}] must be a uint64, got {key}")
+                keys[i] = key
+        kv = self.native.kv_pointers(caches, "stream")
+        codes = torch.empty(b, self.groups, dtype=torch.int64)
+        sums = torch.empty(b, self.ht)
+        scratch = torch.empty(3 * b * self.vocab)
+        rc = self.lib.vo_predictor_frames(
+            ctypes.byref(self.native.c), self.c_heads, self.groups, self.embedding.data_ptr(), self.ht,
+            ctypes.byref(self.c_proj), _ptr(self.proj_bias), b, ctypes.addressof(kv), ph.data_ptr(), c0.data_ptr(),
+            int(bool(greedy)), float(temperature), int(top_k), None, ctypes.addressof(keys), codes.data_ptr(),
+            sums.data_ptr(), None, scratch.data_ptr(),
+        )
+        if rc != 0:
+            raise RuntimeError(f"vo_predictor_frames failed ({rc}) for {b} streams")
+        return codes, sums
 
     def pass_once(self, x: Tensor | None = None, *, position: int = 8, head: int = 0) -> Tensor:
         """One single-token pass (5 layers, final norm, ``lm_head[head]``) at ``position``; its logits.

@@ -68,7 +68,8 @@ def speak(args: argparse.Namespace) -> int:
     from vllm_omni.tts.prompt import resolve_language, resolve_speaker
 
     resolve_language(cfg, args.language, resolve_speaker(cfg, args.speaker))  # before any weight is read
-    speech = Speech.load(args.model, weights=args.weights, threads=args.threads, cache=not args.no_cache)
+    speech = Speech.load(args.model, weights=args.weights, threads=args.threads, cache=not args.no_cache,
+                         decoder=args.decoder)
     chunks = speech.stream(text, speaker=args.speaker, language=args.language, instruct=args.instruct,
                            streaming_text=not args.non_streaming_text, greedy=True if args.greedy else None,
                            seed=args.seed, max_frames=args.max_frames)
@@ -124,6 +125,8 @@ def voices(args: argparse.Namespace) -> int:
 
 
 API_KEY_ENV = "QWEN3_TTS_EDGE_API_KEY"
+DECODER_HELP = ("the decoder's precision: auto (default) is bf16 with int8/int4 weights where the CPU multiplies "
+                "bf16 (AVX-512 BF16, AMX), else fp32; fp32 equals the official decode")
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -143,8 +146,9 @@ def serve(args: argparse.Namespace) -> int:
     from vllm_omni.tts.server.engine import SpeechEngine
 
     speech = Speech.load(args.model, weights=args.weights, threads=args.threads, max_positions=args.max_positions,
-                         cache=not args.no_cache)
-    engine = SpeechEngine(speech, max_queue=args.max_queue, timeout_s=args.timeout, max_frames=args.max_frames)
+                         cache=not args.no_cache, decoder=args.decoder)
+    engine = SpeechEngine(speech, max_streams=args.max_streams, max_queue=args.max_queue, timeout_s=args.timeout,
+                          max_frames=args.max_frames)
     app = create_app(engine, model_id=args.served_model_name or cfg.family, api_key=api_key)
     print(f"serving {args.served_model_name or cfg.family} on http://{args.host}:{args.port}/v1/audio/speech",
           file=sys.stderr)
@@ -180,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write each chunk as it is decoded instead of at the end (the file still appears whole)")
     s.add_argument("--weights", choices=("fp32", "int8", "int4"), default="int4",
                    help="format of the talker and predictor weights (default int4)")
+    s.add_argument("--decoder", choices=("auto", "fp32", "bf16"), default="auto", help=DECODER_HELP)
     s.add_argument("--threads", type=_threads, help="CPU threads (default: the usable CPUs)")
     s.add_argument("--no-cache", action="store_true",
                    help="pack the int8/int4 weights anew and do not keep them in the checkpoint's "
@@ -210,10 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on /v1/ (or set ${API_KEY_ENV})")
     sv.add_argument("--served-model-name", help="the model id clients send (default: the checkpoint's family name)")
     sv.add_argument("--weights", choices=("fp32", "int8", "int4"), default="int4")
+    sv.add_argument("--decoder", choices=("auto", "fp32", "bf16"), default="auto", help=DECODER_HELP)
     sv.add_argument("--threads", type=_threads, help="CPU threads (default: the usable CPUs)")
     sv.add_argument("--no-cache", action="store_true", help="do not read or keep the packed weights (see speak)")
+    sv.add_argument("--max-streams", type=_whole(1, 8), default=2,
+                    help="requests spoken at once, stepped together (default 2, at most 8)")
     sv.add_argument("--max-queue", type=_count, default=4,
-                    help="requests that may wait while one is spoken (default 4); beyond: 429 with Retry-After")
+                    help="requests that may wait while those are spoken (default 4); beyond: 429 with Retry-After")
     sv.add_argument("--timeout", type=_seconds, default=120.0,
                     help="seconds a request may take, waiting included (default 120); then 504 or a cut stream")
     sv.add_argument("--max-frames", type=_positive, help="frames per request at most (default: the checkpoint's)")

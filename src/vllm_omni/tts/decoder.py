@@ -15,6 +15,12 @@ each layer keeps between calls (shared reference ``code2wav.md`` §4):
 - the transformer keeps, per layer, the keys and values of the last ``window - 1`` positions and
   the absolute position of the next frame (RoPE and the window are absolute).
 
+Precision: fp32 by default (equal to the official decode). ``precision="bf16"`` runs the long
+convolutions (conv_in, the four blocks' transposed convs and ResidualUnit convs, about 90 % of
+the multiply-adds) in bf16 with fp32 state between layers: where the CPU multiplies bf16 natively
+they run about twice as fast, at about 37 dB signal over difference from the fp32 decode on
+random weights of the published shapes (``vllm-omni-bench speak`` records both).
+
 ``push`` takes any number of frames, so a caller chooses its chunking (one frame for the first
 audio, more per call later); the output does not depend on it beyond rounding. The official
 ``decode`` is one forward up to 300 frames and re-decodes with 25 frames of left context beyond,
@@ -23,6 +29,7 @@ so it equals this decoder up to 300 frames and only approximately after.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,6 +63,17 @@ def _native():
         return native.load()
     except Exception:  # noqa: BLE001 - no compiler or a failed build
         return None
+
+
+DECODER_PRECISIONS = ("fp32", "bf16")
+
+
+def bf16_helps() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX): there the long convs run
+    about twice as fast in bf16 (``docs/edge/end-to-end.md``); elsewhere bf16 is emulated, slower."""
+    from vllm_omni.results.provenance import cpuinfo
+
+    return bool({"avx512_bf16", "amx_bf16"} & cpuinfo()["flags"])
 
 
 NATIVE_ROWS = 16  # at most this many rows a call: the native GEMV (weight-bound); more: PyTorch's GEMM
@@ -111,9 +129,13 @@ class _Snake:
 class _CausalConv:
     """A causal conv that keeps its input tail: ``(k - 1) * dilation`` samples."""
 
-    def __init__(self, w: dict[str, Tensor], prefix: str, dilation: int = 1, groups: int = 1, lib=None):
+    STATE = ("hist",)  # what ``StreamingDecoder.save_state`` keeps of it
+
+    def __init__(self, w: dict[str, Tensor], prefix: str, dilation: int = 1, groups: int = 1, lib=None,
+                 precision: str = "fp32"):
         self.w, self.b = w[f"{prefix}.conv.weight"].contiguous(), w[f"{prefix}.conv.bias"].contiguous()
         self.dilation, self.groups = dilation, groups
+        self.w16 = self.w.bfloat16() if precision == "bf16" and groups == 1 else None  # the long convs in bf16
         self.k = self.w.shape[-1]
         self.tail = (self.k - 1) * dilation
         self.channels = self.w.shape[1] * groups
@@ -137,14 +159,20 @@ class _CausalConv:
             d = self.dilation
             cols = torch.stack([full[:, j * d: j * d + t] for j in range(self.k)]).permute(2, 0, 1)
             return self.rows(cols.reshape(t, -1)).T
+        if self.w16 is not None:
+            y = F.conv1d(full[None].bfloat16(), self.w16, dilation=self.dilation)[0].float()
+            return y.add_(self.b[:, None])
         return F.conv1d(full[None], self.w, self.b, dilation=self.dilation, groups=self.groups)[0]
 
 
 class _CausalTransConv:
     """ConvTranspose1d(k, stride r) with the last k - r samples dropped, streamed with an r-sample carry."""
 
-    def __init__(self, w: dict[str, Tensor], prefix: str, stride: int, lib=None):
+    STATE = ("carry",)
+
+    def __init__(self, w: dict[str, Tensor], prefix: str, stride: int, lib=None, precision: str = "fp32"):
         self.w, self.b = w[f"{prefix}.conv.weight"].contiguous(), w[f"{prefix}.conv.bias"][:, None].contiguous()
+        self.w16 = self.w.bfloat16() if precision == "bf16" else None
         self.stride = stride
         self.k, self.cout = self.w.shape[-1], self.w.shape[1]
         self.over = self.k - stride  # output samples a later input still adds to
@@ -168,6 +196,8 @@ class _CausalTransConv:
             yv[:, :t] += z[:, :r].permute(2, 0, 1)
             if self.over:
                 yv[:, 1:t + 1] += z[:, r:].permute(2, 0, 1)
+        elif self.w16 is not None:
+            y = F.conv_transpose1d(x[None].bfloat16(), self.w16, None, stride=r)[0].float()
         else:
             y = F.conv_transpose1d(x[None], self.w, None, stride=r)[0]
         if self.over:
@@ -178,6 +208,8 @@ class _CausalTransConv:
 
 class _Attention:
     """One transformer layer's sliding-window self-attention with its KV tail."""
+
+    STATE = ("keys", "values")
 
     def __init__(self, w: dict[str, Tensor], prefix: str, dc: DecoderConfig, lib=None):
         a = f"{prefix}.self_attn"
@@ -213,10 +245,21 @@ class _Attention:
         return self.o(out.transpose(0, 1).reshape(t, self.heads * self.hd))
 
 
+@dataclass
+class DecoderState:
+    """One utterance's place in the decoder: each stateful layer's tensors and the next frame's position."""
+
+    layers: list[tuple[Tensor, ...]]
+    position: int
+
+
 class StreamingDecoder:
     """Codes [n, 16] -> samples [n * 1920], keeping every layer's state between calls (see the module doc)."""
 
-    def __init__(self, weights: dict[str, Tensor], dc: DecoderConfig):
+    def __init__(self, weights: dict[str, Tensor], dc: DecoderConfig, precision: str = "fp32"):
+        if precision not in DECODER_PRECISIONS:
+            raise ValueError(f"decoder precision must be one of {', '.join(DECODER_PRECISIONS)}, got {precision!r}")
+        self.precision = precision
         self.dc, s = dc, dc.spec
         self.samples_per_frame = s.samples_per_frame
         lib = _native()
@@ -258,14 +301,16 @@ class StreamingDecoder:
                 "fc2": _Linear(w[f"{nx}.pwconv2.weight"] * w[f"{nx}.gamma"][:, None],
                                w[f"{nx}.pwconv2.bias"] * w[f"{nx}.gamma"], lib),
             })
-        self.conv_in = _CausalConv(w, "decoder.decoder.0", lib=lib)
+        self.conv_in = _CausalConv(w, "decoder.decoder.0", lib=lib, precision=precision)
         self.blocks = []
         for b, rate in enumerate(s.upsample_rates):
             p = f"decoder.decoder.{b + 1}.block"
-            units = [(_Snake(w, f"{p}.{u + 2}.act1", lib), _CausalConv(w, f"{p}.{u + 2}.conv1", dilation=d, lib=lib),
-                      _Snake(w, f"{p}.{u + 2}.act2", lib), _CausalConv(w, f"{p}.{u + 2}.conv2", lib=lib))
+            units = [(_Snake(w, f"{p}.{u + 2}.act1", lib),
+                      _CausalConv(w, f"{p}.{u + 2}.conv1", dilation=d, lib=lib, precision=precision),
+                      _Snake(w, f"{p}.{u + 2}.act2", lib),
+                      _CausalConv(w, f"{p}.{u + 2}.conv2", lib=lib, precision=precision))
                      for u, d in enumerate((1, 3, 9))]
-            self.blocks.append((_Snake(w, f"{p}.0", lib), _CausalTransConv(w, f"{p}.1", rate, lib), units))
+            self.blocks.append((_Snake(w, f"{p}.0", lib), _CausalTransConv(w, f"{p}.1", rate, lib, precision), units))
         n = len(s.upsample_rates) + 1
         self.snake_out = _Snake(w, f"decoder.decoder.{n}", lib)
         self.conv_out = _CausalConv(w, f"decoder.decoder.{n + 1}")
@@ -280,13 +325,39 @@ class StreamingDecoder:
             out += [u[1] for u in units] + [u[3] for u in units]
         return out
 
+    def _stateful(self) -> list[Any]:
+        return self._convs() + [layer["attn"] for layer in self.layers]
+
     def reset(self) -> None:
         """Forget every layer's state: the next push starts a new utterance."""
-        for c in self._convs():
+        for c in self._stateful():
             c.reset()
-        for layer in self.layers:
-            layer["attn"].reset()
         self.position = 0
+
+    def save_state(self) -> "DecoderState":
+        """Every layer's state after the last push, to resume one utterance after pushing others.
+
+        ``push`` replaces state tensors instead of writing into them, so a saved state is not
+        changed by later pushes and nothing is copied."""
+        return DecoderState([tuple(getattr(c, name) for name in c.STATE) for c in self._stateful()], self.position)
+
+    def load_state(self, state: "DecoderState") -> None:
+        """Resume the utterance ``state`` was saved from (``save_state``, or ``fresh_state``)."""
+        parts = self._stateful()
+        if len(state.layers) != len(parts):
+            raise ValueError(f"a decoder state of {len(state.layers)} layers, this decoder has {len(parts)}")
+        for c, values in zip(parts, state.layers):
+            for name, value in zip(c.STATE, values):
+                setattr(c, name, value)
+        self.position = state.position
+
+    def fresh_state(self) -> "DecoderState":
+        """The state of a new utterance (what ``reset`` leaves), without touching the current one."""
+        current = self.save_state()
+        self.reset()
+        fresh = self.save_state()
+        self.load_state(current)
+        return fresh
 
     @torch.inference_mode()
     def push(self, codes: Tensor) -> Tensor:

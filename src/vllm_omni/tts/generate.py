@@ -15,7 +15,6 @@ with the official code token for token.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -82,90 +81,46 @@ class CodeGenerator:
             packer.finish()
         self.codec_embedding = ckpt.talker.codec_embedding
         self.spec = ckpt.config.spec
+        self._batch = None
 
     @property
     def threads(self) -> int:
         return self.talker.threads
 
-    def _sampler(self, s: Sampling):
+    def sampler(self, s: Sampling):
+        """A fresh codebook-0 sampler for one utterance with settings ``s``."""
         from vllm_omni.cpu.sampler import FastSampler, SamplerConfig
 
         cfg = SamplerConfig.for_model(self.spec, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                                       repetition_penalty=s.repetition_penalty, min_new_tokens=s.min_new_tokens)
         return FastSampler(cfg, seed=s.seed)
 
-    def _prefill(self, x):
-        """Run the prompt through the talker from position 0; (logits, hidden) of its last position."""
-        t = self.talker
-        t.reset()
-        n = x.shape[0]
-        if n + 1 > self.max_positions:
-            raise ValueError(f"the prompt has {n} positions; this generator holds {self.max_positions}")
-        logits = hidden = None
-        step = t.lib.vo_max_tokens()  # positions per native call, each weight tile read once for all
-        for start in range(0, n, step):
-            chunk = x[start:start + step]
-            last = start + chunk.shape[0] >= n
-            out, logits = t.native.forward(chunk, t.position, head=t.head if last else None)
-            t.position += chunk.shape[0]
-            hidden = out[-1]
-        return logits, hidden.clone()
+    @property
+    def batch(self):
+        """The ``BatchedGenerator`` of this generator (``vllm_omni.tts.batch``): several utterances a step."""
+        if self._batch is None:
+            from vllm_omni.tts.batch import BatchedGenerator
+
+            self._batch = BatchedGenerator(self)
+        return self._batch
 
     def generate(self, prompt: Prompt, sampling: Sampling = Sampling(), *, max_frames: int = 2047,
                  stats: GenerationStats | None = None) -> Iterator[Any]:
-        """Yield each frame's 16 codes (int64 [16]) as soon as they exist; stop at EOS or ``max_frames``."""
-        import torch
+        """Yield each frame's 16 codes (int64 [16]) as soon as they exist; stop at EOS or ``max_frames``.
 
-        from vllm_omni.cpu.sampler import frame_noise_key
-
-        max_frames = whole_number("max_frames", max_frames)
-        if prompt.prefill.shape[0] + max_frames > self.max_positions:
-            max_frames = self.max_positions - prompt.prefill.shape[0]
-            if max_frames < 1:
-                raise ValueError(f"the prompt has {prompt.prefill.shape[0]} positions; this generator holds "
-                                 f"{self.max_positions}")
+        One utterance stepped alone by ``batch``: the same native calls that step several together.
+        """
         stats = stats if stats is not None else GenerationStats()
-        sampler = self._sampler(sampling)
-        sub_greedy = sampling.greedy if sampling.subtalker_greedy is None else sampling.subtalker_greedy
-        eos = self.spec.eos_id
-        t0 = time.perf_counter()
-        logits, hidden = self._prefill(prompt.prefill)
-        stats.prefill_ms = (time.perf_counter() - t0) * 1e3
-        stats.prefill_positions = prompt.prefill.shape[0]
-        t1 = time.perf_counter()
-        c0 = self._choose(sampler, logits, sampling.greedy)
-        sample_ms = (time.perf_counter() - t1) * 1e3
-        for frame in range(max_frames):
-            if c0 == eos:
-                stats.stopped_at_eos = True
-                return
-            times = StepStats(talker_ms=0.0, predictor_ms=0.0, sampler_ms=sample_ms, bookkeeping_ms=0.0)
-            t2 = time.perf_counter()
-            codes, embed_sum = self.predictor.frame(
-                hidden, self.codec_embedding[c0], greedy=sub_greedy, temperature=sampling.subtalker_temperature,
-                top_k=sampling.subtalker_top_k, noise_key=None if sub_greedy else frame_noise_key(sampling.seed, frame))
-            t3 = time.perf_counter()
-            row = torch.empty(16, dtype=torch.int64)
-            row[0] = c0
-            row[1:] = codes
-            times.predictor_ms = (t3 - t2) * 1e3
-            stats.frames.append(times)
-            yield row
-            if frame + 1 == max_frames:
-                return
-            t4 = time.perf_counter()
-            x = embed_sum + prompt.text_term(frame)
-            t5 = time.perf_counter()
-            logits, hidden = self.talker.step(x)
-            t6 = time.perf_counter()
-            c0 = self._choose(sampler, logits, sampling.greedy)
-            t7 = time.perf_counter()
-            times.bookkeeping_ms = (t5 - t4) * 1e3
-            times.talker_ms = (t6 - t5) * 1e3
-            sample_ms = (t7 - t6) * 1e3
+        u = self.batch.start(prompt, sampling, max_frames, stats)
+        try:
+            while not u.done:
+                for _, codes in self.batch.step([u]):
+                    yield codes
+        finally:
+            self.batch.release(u)
 
     @staticmethod
-    def _choose(sampler, logits, greedy: bool) -> int:
+    def choose(sampler, logits, greedy: bool) -> int:
         """c0 from the talker's logits: the official processors, then argmax (greedy) or a draw."""
         if not greedy:
             return sampler.sample(logits)

@@ -2,7 +2,8 @@
 
 ``Speech.load(DIR)`` reads and checks a checkpoint, packs the talker and the predictor once for
 the fused kernels (fp32, int8 or int4; int8 and int4 are cached in the checkpoint's folder, so a
-second start reads them, ``vllm_omni.tts.weight_cache``), and builds the streaming decoder.
+second start reads them, ``vllm_omni.tts.weight_cache``), and builds the streaming decoder (its
+long convolutions in bf16 with int8/int4 weights where the CPU multiplies bf16, ``decoder_precision``).
 ``Speech.stream(...)`` then yields ``AudioChunk``s: the first after one frame (80 ms of audio), then chunks that grow
 to ``chunk_frames`` frames (``chunk_schedule``), each decoded from the state the decoder kept,
 so the concatenation is the whole utterance's decode. The command (``qwen3-tts-edge speak``) and the benchmarks call
@@ -68,6 +69,22 @@ class SpeechStats:
                 "bookkeeping": m.bookkeeping_ms,
                 "decoder": statistics.median(self.decoder_ms) if self.decoder_ms else 0.0}
 
+DECODER_CHOICES = ("auto", "fp32", "bf16")
+
+
+def decoder_precision(choice: str, weights: str) -> str:
+    """The decoder's precision for ``choice``: "auto" is bf16 for int8 and int4 weights on a CPU that
+    multiplies bf16 natively (``decoder.bf16_helps``), else fp32; fp32 weights keep the fp32
+    decoder, whose output equals the official decode."""
+    from vllm_omni.tts.decoder import bf16_helps
+
+    if choice not in DECODER_CHOICES:
+        raise ValueError(f"decoder must be one of {', '.join(DECODER_CHOICES)}, got {choice!r}")
+    if choice != "auto":
+        return choice
+    return "bf16" if weights != "fp32" and bf16_helps() else "fp32"
+
+
 RAMP = (1, 1, 2, 2)
 
 
@@ -90,7 +107,7 @@ class Speech:
     """A checkpoint ready to speak (see the module doc)."""
 
     def __init__(self, ckpt: Checkpoint, weights: str = "int4", threads: int | None = None, max_positions: int = 2048,
-                 cache: bool = True):
+                 cache: bool = True, decoder: str = "auto"):
         import torch
 
         from vllm_omni.cpu.predictor import default_threads
@@ -98,24 +115,27 @@ class Speech:
 
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
+        precision = decoder_precision(decoder, weights)
         self.threads = default_threads() if threads is None else whole_number("threads", threads, 1, 1024)
         torch.set_num_threads(self.threads)
         self.ckpt, self.weights = ckpt, weights
         self.generator = CodeGenerator(ckpt, weights, self.threads, max_positions=max_positions, cache=cache)
-        self.decoder = StreamingDecoder(ckpt.decoder, ckpt.config.decoder)
+        self.decoder = StreamingDecoder(ckpt.decoder, ckpt.config.decoder, precision)
         self.sample_rate = ckpt.config.decoder.spec.sample_rate
         self.samples_per_frame = ckpt.config.decoder.spec.samples_per_frame
         self.last_stats = SpeechStats()
 
     @classmethod
     def load(cls, model_dir: str | Path, weights: str = "int4", threads: int | None = None,
-             max_positions: int = 2048, cache: bool = True) -> "Speech":
-        """Load ``model_dir``; ``cache``: read and keep the packed int8/int4 weights in it (``weight_cache``)."""
+             max_positions: int = 2048, cache: bool = True, decoder: str = "auto") -> "Speech":
+        """Load ``model_dir``; ``cache``: read and keep the packed int8/int4 weights in it (``weight_cache``);
+        ``decoder``: its precision (``decoder_precision``)."""
         if weights not in WEIGHT_FORMATS:  # before reading gigabytes
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
+        decoder_precision(decoder, weights)
         if threads is not None:
             whole_number("threads", threads, 1, 1024)
-        return cls(load_checkpoint(model_dir), weights, threads, max_positions, cache)
+        return cls(load_checkpoint(model_dir), weights, threads, max_positions, cache, decoder)
 
     @property
     def speakers(self) -> list[str]:
@@ -125,18 +145,12 @@ class Speech:
     def languages(self) -> list[str]:
         return self.ckpt.config.supported_languages
 
-    def stream(self, text: str, *, speaker: str | None = None, language: str | None = "auto",
-               instruct: str | None = None, streaming_text: bool = True, greedy: bool | None = None, seed: int = 0,
-               max_frames: int | None = None, chunk_frames: int = 4,
-               stop: Callable[[], bool] | None = None) -> Iterator[AudioChunk]:
-        """Yield the utterance's audio chunk by chunk; ``last_stats`` holds its timings afterwards.
-
-        ``stop`` is asked as each frame's codes arrive; when it says True the utterance ends there, its
-        frames not yet decoded dropped and ``last_stats.stopped`` set (a server's cancelled or
-        timed-out request).
-        """
-        import torch
-
+    def open(self, text: str, *, speaker: str | None = None, language: str | None = "auto",
+             instruct: str | None = None, streaming_text: bool = True, greedy: bool | None = None, seed: int = 0,
+             max_frames: int | None = None, chunk_frames: int = 4,
+             stop: Callable[[], bool] | None = None) -> "Speaking":
+        """One utterance ready to be stepped: its prompt (a ``PromptError`` names a bad parameter),
+        sampling, decoder state and chunk schedule (``stream`` steps one; a server steps several)."""
         start = time.perf_counter()
         chunk_frames = whole_number("chunk_frames", chunk_frames, 1, 1000)
         prompt = build_prompt(self.ckpt, text, speaker=speaker, language=language, instruct=instruct,
@@ -144,42 +158,85 @@ class Speech:
         limit = self.ckpt.config.generation.max_new_tokens - 1
         max_frames = limit if max_frames is None else whole_number("max_frames", max_frames, 1)
         sampling = Sampling.from_checkpoint(self.ckpt, greedy=greedy, seed=seed)
-        stats = SpeechStats()
-        stats.prompt_ms = (time.perf_counter() - start) * 1e3
-        self.last_stats = stats
-        self.decoder.reset()
-        pending: list = []
-        first = 0
+        return Speaking(self, prompt, sampling, max_frames, chunk_frames, start, stop)
 
-        def flush() -> AudioChunk:
-            nonlocal first
-            t0 = time.perf_counter()
-            wav = self.decoder.push(torch.stack(pending)).numpy()
-            per = (time.perf_counter() - t0) * 1e3 / len(pending)
-            stats.decoder_ms += [per] * len(pending)
-            chunk = AudioChunk(wav, first, len(pending), time.perf_counter() - start)
-            if stats.first_audio_s is None:
-                stats.first_audio_s = chunk.ready_s
-            first += len(pending)
-            pending.clear()
-            return chunk
+    def stream(self, text: str, **kw) -> Iterator[AudioChunk]:
+        """Yield the utterance's audio chunk by chunk; ``last_stats`` holds its timings afterwards.
 
-        sizes = iter(chunk_schedule(chunk_frames))
-        want = next(sizes)
-        for codes in self.generator.generate(prompt, sampling, max_frames=max_frames, stats=stats.generation):
-            if stop is not None and stop():
-                stats.stopped = True
+        Keywords as ``open``'s. ``stop`` is asked as each frame's codes arrive; when it says True the
+        utterance ends there, its frames not yet decoded dropped and ``last_stats.stopped`` set (a
+        server's cancelled or timed-out request).
+        """
+        speaking = self.open(text, **kw)
+        self.last_stats = speaking.stats
+        for codes in self.generator.generate(speaking.prompt, speaking.sampling, max_frames=speaking.max_frames,
+                                             stats=speaking.stats.generation):
+            if speaking.should_stop():
+                speaking.stats.stopped = True
                 break
-            pending.append(codes)
-            stats.frames += 1
-            if len(pending) >= want:
-                yield flush()
-                want = next(sizes)
-        if pending and not stats.stopped:
-            yield flush()
-        stats.total_s = time.perf_counter() - start
+            chunk = speaking.add(codes)
+            if chunk is not None:
+                yield chunk
+        chunk = speaking.finish()
+        if chunk is not None:
+            yield chunk
 
     def synthesize(self, text: str, **kw) -> np.ndarray:
         """The whole utterance as one float32 array."""
         parts = [c.samples for c in self.stream(text, **kw)]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+
+
+class Speaking:
+    """One utterance between its codes and its audio: the frames waiting for the decoder, its
+    decoder state, its chunk schedule (``chunk_schedule``) and its ``SpeechStats``. Whoever steps
+    the generator hands each frame's codes to ``add``, which decodes a chunk when it is full;
+    ``finish`` decodes what is left. Several can share one ``Speech``: each keeps its own decoder
+    state, swapped in around its own decoder calls."""
+
+    def __init__(self, speech: Speech, prompt, sampling: Sampling, max_frames: int, chunk_frames: int,
+                 start: float, stop: Callable[[], bool] | None = None):
+        self.speech, self.prompt, self.sampling, self.max_frames = speech, prompt, sampling, max_frames
+        self.start, self.stop = start, stop
+        self.stats = SpeechStats()
+        self.stats.prompt_ms = (time.perf_counter() - start) * 1e3
+        self.decoder_state = speech.decoder.fresh_state()
+        self._pending: list = []
+        self._first = 0
+        self._sizes = chunk_schedule(chunk_frames)
+        self._want = next(self._sizes)
+
+    def should_stop(self) -> bool:
+        return self.stop is not None and bool(self.stop())
+
+    def add(self, codes) -> AudioChunk | None:
+        """Take one frame's codes [16]; the next chunk when this frame fills it, else None."""
+        self._pending.append(codes)
+        self.stats.frames += 1
+        if len(self._pending) < self._want:
+            return None
+        self._want = next(self._sizes)
+        return self._flush()
+
+    def finish(self) -> AudioChunk | None:
+        """The frames still waiting (none when the utterance was stopped), and the total time."""
+        chunk = self._flush() if self._pending and not self.stats.stopped else None
+        self.stats.total_s = time.perf_counter() - self.start
+        return chunk
+
+    def _flush(self) -> AudioChunk:
+        import torch
+
+        dec, stats, n = self.speech.decoder, self.stats, len(self._pending)
+        t0 = time.perf_counter()
+        dec.load_state(self.decoder_state)
+        wav = dec.push(torch.stack(self._pending)).numpy()
+        self.decoder_state = dec.save_state()
+        per = (time.perf_counter() - t0) * 1e3 / n
+        stats.decoder_ms += [per] * n
+        chunk = AudioChunk(wav, self._first, n, time.perf_counter() - self.start)
+        if stats.first_audio_s is None:
+            stats.first_audio_s = chunk.ready_s
+        self._first += n
+        self._pending.clear()
+        return chunk

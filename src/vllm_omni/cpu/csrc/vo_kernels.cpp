@@ -1331,7 +1331,7 @@ bool stack_ok(const VoStack& st) {
 
 extern "C" {
 
-int32_t vo_version() { return 15; }
+int32_t vo_version() { return 16; }
 
 int32_t vo_max_tokens() { return MAX_TOKENS; }
 
@@ -1397,10 +1397,12 @@ int32_t vo_stack_forward(const VoStack* stp, const float* x, int32_t T, int32_t 
 
 // The stack on T rows of several streams at once: row t at position pos[t] of its own KV caches
 // (kv, laid out as Rows says), each weight tile read once for all T rows. out[T, H] gets the
-// final-normed hidden states; with a head, logits[T, head.rows] get every row's logits. A stream
-// that is prefilling brings several rows, in order of position; a stream that steps brings one.
+// final-normed hidden states; with a head, logits[L, head.rows] get the logits of the last L =
+// head_rows rows (every row where head_rows is 0 or more than T), so that a caller who puts the
+// rows it needs logits of last does not pay the head for the others. A stream that is prefilling
+// brings several rows, in order of position; a stream that steps brings one.
 int32_t vo_stack_forward_rows(const VoStack* stp, const float* x, int32_t T, const int32_t* pos, void* const* kv,
-                              float* out, const VoMat* head, float* logits) {
+                              float* out, const VoMat* head, float* logits, int32_t head_rows) {
     const VoStack& st = *stp;
     if (!stack_ok(st) || T < 1 || T > MAX_TOKENS || !pos || !kv) return -1;
     for (int t = 0; t < T; ++t)
@@ -1414,13 +1416,14 @@ int32_t vo_stack_forward_rows(const VoStack* stp, const float* x, int32_t T, con
     R.pos = pos;
     R.kv = kv;
     R.n_layers = st.n_layers;
+    const int L = (head_rows <= 0 || head_rows > T) ? T : head_rows;
 #pragma omp parallel num_threads(run_threads(st))
     {
         for (int l = 0; l < st.n_layers; ++l) layer_forward(st, st.layers[l], l, W, T, R);
-        if (head) norm_prep(st.fmt, W, W.x, st.final_norm, H, T, st.eps);
+        if (head) norm_prep(st.fmt, W, W.x + (int64_t)(T - L) * H, st.final_norm, H, L, st.eps);
 #pragma omp single nowait
         for (int t = 0; t < T; ++t) rmsnorm(W.x + t * H, st.final_norm, out + t * H, H, st.eps);
-        if (head) gemv(st.fmt, *head, W, T, logits, head->rows, OUT_STORE);
+        if (head) gemv(st.fmt, *head, W, L, logits, head->rows, OUT_STORE);
     }
     return 0;
 }
@@ -1616,7 +1619,101 @@ int32_t vo_talker_step(const VoStack* stp, const VoMat* head, const float* x, in
     return 0;
 }
 
-// A whole predictor frame in one call.
+}  // extern "C"
+
+namespace {
+
+// Streams one predictor call may carry: its first pass takes two rows a stream.
+constexpr int MAX_STREAMS = MAX_TOKENS / 2;
+
+// The predictor frames of B streams in lockstep (B <= MAX_STREAMS): pass k of every stream in
+// one layer walk, each weight tile read once for all of them, each stream in its own 16-slot
+// cache (kv: per stream and layer, keys then values, as Rows lays them out by row). The first
+// pass holds every stream's past hidden state (rows 0 .. B-1, position 0), then every stream's
+// c0 embedding (rows B .. 2B-1, position 1); pass k > 1 holds every stream's last code's
+// embedding at position k. Arguments as vo_predictor_frame's, one of each per stream (keys[b],
+// rows of past_hidden, c0_embed, codes_out, embed_sum_out; uniforms and logits_out [B, G, V]);
+// buf holds 3 B V floats (the logits, then the sampler's scratch); nullptr: the workspace's extra.
+// The workspace is laid out with extra_len = max(3 V, Ht) (FusedPredictor's), so that a row in
+// table space fits in xn.
+int32_t predictor_frames(const VoStack& st, const VoMat* heads, int32_t G, const float* emb, int64_t Ht,
+                         const VoMat* proj, const float* proj_bias, int32_t B, void* const* kv,
+                         const float* past_hidden, const float* c0_embed, int32_t greedy, float temperature,
+                         int32_t top_k, const float* uniforms, const uint64_t* keys, int64_t* codes_out,
+                         float* embed_sum_out, float* logits_out, float* buf) {
+    const int64_t H = st.hidden;
+    const int64_t V = heads[0].rows;
+    const bool has_proj = proj && proj->w;
+    if (!stack_ok(st) || G + 1 > st.max_pos || !rows_ok(st.fmt, V) || B < 1 || B > MAX_STREAMS) return -1;
+    if (!has_proj && Ht != H) return -2;
+    if (has_proj && (proj->rows != H || proj->cols != Ht || Ht % 64)) return -2;
+    Work W;
+    if (!lay_out_work(st, std::max<int64_t>(3 * V, Ht), W)) return -4;
+    if (!buf && W.extra_len < 3 * B * V) return -4;
+    float* logits_buf = buf ? buf : W.extra;  // [B, V]
+    float* scratch = logits_buf + (int64_t)B * V;  // [B, 2V]
+    // row r of a call belongs to stream r % B
+    const int n_layers = st.n_layers;
+    std::vector<void*> row_kv((size_t)2 * B * n_layers * 2);
+    for (int r = 0; r < 2 * B; ++r)
+        for (int l = 0; l < n_layers * 2; ++l) row_kv[(size_t)r * n_layers * 2 + l] = kv[(size_t)(r % B) * n_layers * 2 + l];
+    std::vector<int32_t> pos((size_t)2 * B);
+    std::vector<int64_t> code((size_t)B, 0);
+    Rows R;
+    R.pos = pos.data();
+    R.kv = row_kv.data();
+    R.n_layers = n_layers;
+    for (int b = 0; b < B; ++b)
+        for (int64_t i = 0; i < Ht; ++i) embed_sum_out[b * Ht + i] = c0_embed[b * Ht + i];
+
+#pragma omp parallel num_threads(run_threads(st))
+    {
+        for (int k = 1; k <= G; ++k) {
+            const int T = (k == 1) ? 2 * B : B;
+            // input rows, in table space (Ht wide), into xn (to be projected) or straight into x
+            float* dst = has_proj ? W.xn : W.x;
+            const int64_t stride = has_proj ? W.xn_stride : H;
+#pragma omp single
+            for (int r = 0; r < T; ++r) {
+                pos[r] = (k == 1) ? r / B : k;
+                const float* src = (k == 1) ? (r < B ? past_hidden + r * Ht : c0_embed + (r - B) * Ht)
+                                            : emb + ((int64_t)(k - 2) * V + code[r]) * Ht;
+                std::memcpy(dst + r * stride, src, sizeof(float) * Ht);
+            }
+            if (has_proj) {
+                prep_act(st.fmt, W, W.xn, W.xn_stride, Ht, T);
+                gemv(st.fmt, *proj, W, T, W.x, H, OUT_STORE);
+#pragma omp single
+                for (int t = 0; t < T; ++t)
+                    for (int64_t i = 0; i < H; ++i) W.x[t * H + i] += proj_bias[i];
+            }
+            for (int l = 0; l < n_layers; ++l) layer_forward(st, st.layers[l], l, W, T, R);
+            // final norm of each stream's last row, head k-1, sampling
+            norm_prep(st.fmt, W, W.x + (T - B) * H, st.final_norm, H, B, st.eps);
+            gemv(st.fmt, heads[k - 1], W, B, logits_buf, V, OUT_STORE);
+#pragma omp for schedule(static)
+            for (int b = 0; b < B; ++b) {
+                const float* lg = logits_buf + b * V;
+                const int64_t c = sample(lg, V, greedy, temperature, top_k,
+                                         uniforms ? uniforms + ((int64_t)b * G + (k - 1)) * V : nullptr, keys[b],
+                                         (uint64_t)(k - 1) * (uint64_t)V, scratch + 2 * b * V);
+                code[b] = c;
+                codes_out[b * G + k - 1] = c;
+                if (logits_out) std::memcpy(logits_out + ((int64_t)b * G + (k - 1)) * V, lg, sizeof(float) * V);
+                const float* e = emb + ((int64_t)(k - 1) * V + c) * Ht;
+                float* sum = embed_sum_out + b * Ht;
+                for (int64_t i = 0; i < Ht; ++i) sum[i] += e[i];
+            }
+        }
+    }
+    return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// A whole predictor frame in one call, in the stack's own cache.
 //   heads[G]          lm_head per residual codebook, [V, H] each (G = 15)
 //   emb               fp32 [G, V, Ht] codec embedding tables
 //   proj, proj_bias   optional [H, Ht] projection (proj->w == NULL for identity, Ht == H)
@@ -1630,71 +1727,31 @@ int32_t vo_predictor_frame(const VoStack* stp, const VoMat* heads, int32_t G, co
                            const float* uniforms, uint64_t noise_key, int64_t* codes_out, float* embed_sum_out,
                            float* logits_out) {
     const VoStack& st = *stp;
-    const int64_t H = st.hidden;
-    const int64_t V = heads[0].rows;
-    const bool has_proj = proj && proj->w;
-    if (!stack_ok(st) || G + 1 > st.max_pos || !rows_ok(st.fmt, V)) return -1;
-    if (!has_proj && Ht != H) return -2;
-    if (has_proj && (proj->rows != H || proj->cols != Ht || Ht % 64)) return -2;
-    const int64_t extra_len = std::max<int64_t>(3 * V, Ht);
-    Work W;
-    if (!lay_out_work(st, extra_len, W)) return -4;
-    float* logits_buf = W.extra;         // [V]
-    float* samp_scratch = W.extra + V;   // [2V]
-    // The next input row(s) in table space (Ht wide) are staged in xn before projection.
-    int64_t code = 0;
-    for (int64_t i = 0; i < Ht; ++i) embed_sum_out[i] = c0_embed[i];
-
-#pragma omp parallel num_threads(run_threads(st))
-    {
-        for (int k = 1; k <= G; ++k) {
-            const int T = (k == 1) ? 2 : 1;
-            const int pos0 = (k == 1) ? 0 : k;
-            // input rows -> W.x (projected when the talker width differs)
-            if (has_proj) {
-#pragma omp single
-                {
-                    if (k == 1) {
-                        std::memcpy(W.xn, past_hidden, sizeof(float) * Ht);
-                        std::memcpy(W.xn + W.xn_stride, c0_embed, sizeof(float) * Ht);
-                    } else {
-                        std::memcpy(W.xn, emb + ((int64_t)(k - 2) * V + code) * Ht, sizeof(float) * Ht);
-                    }
-                }
-                prep_act(st.fmt, W, W.xn, W.xn_stride, Ht, T);
-                gemv(st.fmt, *proj, W, T, W.x, H, OUT_STORE);
-#pragma omp single
-                for (int t = 0; t < T; ++t)
-                    for (int64_t i = 0; i < H; ++i) W.x[t * H + i] += proj_bias[i];
-            } else {
-#pragma omp single
-                {
-                    if (k == 1) {
-                        std::memcpy(W.x, past_hidden, sizeof(float) * H);
-                        std::memcpy(W.x + H, c0_embed, sizeof(float) * H);
-                    } else {
-                        std::memcpy(W.x, emb + ((int64_t)(k - 2) * V + code) * Ht, sizeof(float) * H);
-                    }
-                }
-            }
-            for (int l = 0; l < st.n_layers; ++l) layer_forward(st, st.layers[l], l, W, T, rows_from(pos0));
-            // final norm of the last token, head k-1, sampling
-            norm_prep(st.fmt, W, W.x + (T - 1) * H, st.final_norm, H, 1, st.eps);
-            gemv(st.fmt, heads[k - 1], W, 1, logits_buf, V, OUT_STORE);
-#pragma omp single
-            {
-                code = sample(logits_buf, V, greedy, temperature, top_k,
-                              uniforms ? uniforms + (int64_t)(k - 1) * V : nullptr, noise_key,
-                              (uint64_t)(k - 1) * (uint64_t)V, samp_scratch);
-                codes_out[k - 1] = code;
-                if (logits_out) std::memcpy(logits_out + (int64_t)(k - 1) * V, logits_buf, sizeof(float) * V);
-                const float* e = emb + ((int64_t)(k - 1) * V + code) * Ht;
-                for (int64_t i = 0; i < Ht; ++i) embed_sum_out[i] += e[i];
-            }
-        }
+    std::vector<void*> kv((size_t)st.n_layers * 2);
+    for (int l = 0; l < st.n_layers; ++l) {
+        kv[2 * l] = st.layers[l].k_cache;
+        kv[2 * l + 1] = st.layers[l].v_cache;
     }
-    return 0;
+    return predictor_frames(st, heads, G, emb, Ht, proj, proj_bias, 1, kv.data(), past_hidden, c0_embed, greedy,
+                            temperature, top_k, uniforms, &noise_key, codes_out, embed_sum_out, logits_out, nullptr);
 }
+
+// The predictor frames of B streams in one call (predictor_frames), each in its own cache:
+// kv[(b * n_layers + l) * 2] keys and [... + 1] values of stream b in layer l, each laid out as
+// the stack's own ([kv_heads, max_pos, head_dim]). keys[b] is stream b's noise key; scratch
+// holds 3 B V floats. Returns 0, -1 for a bad shape or B outside 1 .. vo_max_streams(), -2 for
+// a bad projection, -4 for a workspace too small.
+int32_t vo_predictor_frames(const VoStack* stp, const VoMat* heads, int32_t G, const float* emb, int64_t Ht,
+                            const VoMat* proj, const float* proj_bias, int32_t B, void* const* kv,
+                            const float* past_hidden, const float* c0_embed, int32_t greedy, float temperature,
+                            int32_t top_k, const float* uniforms, const uint64_t* keys, int64_t* codes_out,
+                            float* embed_sum_out, float* logits_out, float* scratch) {
+    if (!kv || !keys || !scratch) return -1;
+    return predictor_frames(*stp, heads, G, emb, Ht, proj, proj_bias, B, kv, past_hidden, c0_embed, greedy,
+                            temperature, top_k, uniforms, keys, codes_out, embed_sum_out, logits_out, scratch);
+}
+
+int32_t vo_max_streams() { return MAX_STREAMS; }
 
 // ---------------------------------------------------------------------------------------------
 // Read-bandwidth probe: every thread streams its own slice of a buffer with wide loads,

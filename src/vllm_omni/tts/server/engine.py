@@ -1,16 +1,20 @@
-"""The server's engine: one worker thread owns the model and speaks the accepted requests.
+"""The server's engine: one worker thread owns the model and steps every accepted stream together.
 
-Why one thread: the fused kernels already use every core for one stream's step, and a step of
-two streams that do not share their weight reads costs twice as much, so streams run one after
-the other here and the others wait in a bounded queue (batched steps, which read each weight
-once for several streams, are the next step). What a request can count on:
+Why together: a stream's step on a CPU is bound by reading the weights, and streams that step in
+one call read each weight tile once for all of them (``vllm_omni.tts.batch``). Up to
+``max_streams`` requests speak at once, each frame of all of them in one talker call and one
+predictor call, each decoded with its own decoder state; up to ``max_queue`` more wait. What a
+request can count on:
 
-- ``submit`` refuses at once (``Busy``, with a retry hint) when the running stream and the
-  queue are full: the backlog never grows without bound;
+- ``submit`` refuses at once (``Busy``, with a retry hint) when the streams and the queue are
+  full: the backlog never grows without bound;
+- a request joins the running ones at their next step (its prompt's rows ride in their talker
+  call) and leaves at its end without stalling them;
 - a request that is cancelled (its client went away) or passes its deadline stops at its next
-  frame, or is skipped if it has not started;
-- an error inside one request ends that request with the error and the engine goes on with
-  the next; bad input found before the first audio is a ``PromptError``, naming the parameter.
+  frame and frees its place, or is skipped if it has not started;
+- an error inside one request (its prompt, its decoding, its listener) ends that request with
+  the error and the others go on; bad input found before the first audio is a ``PromptError``,
+  naming the parameter. An error in a step that all of them share ends all of them.
 
 Events reach the caller through ``Job.events``, a callable the worker calls from its thread with
 ``("audio", AudioChunk)``, then ``("end", SpeechStats)`` or ``("error", exception)``.
@@ -37,7 +41,7 @@ class Timeout(Exception):
     """The request passed its deadline."""
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     """One accepted request: what to say, its deadline, where its events go, and its cancel flag."""
 
@@ -50,6 +54,8 @@ class Job:
     seed: int = 0
     cancelled: threading.Event = field(default_factory=threading.Event)
     started: float | None = None
+    speaking: Any = None  # pipeline.Speaking, once started
+    utterance: Any = None  # batch.Utterance, once started
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -59,18 +65,24 @@ class Job:
 
 
 class SpeechEngine:
-    """Accepts ``Job``s into a bounded queue and speaks them one at a time with ``speech`` (see the module doc)."""
+    """Accepts ``Job``s into a bounded queue and speaks up to ``max_streams`` of them together (see the module doc)."""
 
-    def __init__(self, speech: Any, *, max_queue: int = 4, timeout_s: float = 120.0, max_frames: int | None = None):
+    def __init__(self, speech: Any, *, max_streams: int = 2, max_queue: int = 4, timeout_s: float = 120.0,
+                 max_frames: int | None = None):
+        limit = speech.generator.batch.max_streams
+        if not 1 <= max_streams <= limit:
+            raise ValueError(f"max_streams must be in 1..{limit}, got {max_streams}")
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        self.speech, self.max_queue, self.timeout_s = speech, int(max_queue), float(timeout_s)
+        self.speech, self.max_streams, self.max_queue = speech, int(max_streams), int(max_queue)
+        self.timeout_s = float(timeout_s)
         self.max_frames = max_frames  # a request's limit (None: the checkpoint's)
+        self.batch = speech.generator.batch
         self._queue: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
-        self._running: Job | None = None
+        self._running: list[Job] = []
         self._closed = False
         self._recent_s: collections.deque[float] = collections.deque(maxlen=8)  # wall time of finished requests
         self.served = self.failed = self.rejected = self.cancelled = 0
@@ -80,25 +92,26 @@ class SpeechEngine:
     # --- the caller's side ------------------------------------------------------------------
 
     def submit(self, job: Job) -> None:
-        """Queue ``job``; ``Busy`` if the running request and ``max_queue`` waiting ones are there already."""
+        """Queue ``job``; ``Busy`` if ``max_streams`` requests speak and ``max_queue`` wait already."""
         with self._cond:
             if self._closed:
                 raise RuntimeError("the engine is shut down")
-            speaking = int(self._running is not None)
-            if speaking + len(self._queue) >= 1 + self.max_queue:  # also between two requests, when none speaks
+            speaking = len(self._running)
+            if speaking + len(self._queue) >= self.max_streams + self.max_queue:
                 self.rejected += 1
-                raise Busy(f"server busy: {speaking} request speaking and {len(self._queue)} waiting "
-                           f"(at most 1 and {self.max_queue})", self._retry_after(len(self._queue) + 1))
+                raise Busy(f"server busy: {speaking} requests speaking and {len(self._queue)} waiting "
+                           f"(at most {self.max_streams} and {self.max_queue})",
+                           self._retry_after(len(self._queue) + 1))
             self._queue.append(job)
             self._cond.notify()
 
     def _retry_after(self, ahead: int) -> int:
         typical = sorted(self._recent_s)[len(self._recent_s) // 2] if self._recent_s else 5.0
-        return max(1, round(typical * ahead))
+        return max(1, round(typical * ahead / self.max_streams))
 
     def status(self) -> dict[str, int]:
         with self._cond:
-            return {"speaking": int(self._running is not None), "queued": len(self._queue),
+            return {"speaking": len(self._running), "queued": len(self._queue), "max_streams": self.max_streams,
                     "max_queue": self.max_queue, "served": self.served, "failed": self.failed,
                     "rejected": self.rejected, "cancelled": self.cancelled}
 
@@ -106,61 +119,112 @@ class SpeechEngine:
         """Refuse new work, cancel what waits or runs, and let the worker end."""
         with self._cond:
             self._closed = True
-            for job in self._queue:
+            for job in list(self._queue) + self._running:
                 job.cancel()
-            if self._running is not None:
-                self._running.cancel()
             self._cond.notify_all()
         self._thread.join(wait_s)
 
     # --- the worker -------------------------------------------------------------------------
 
-    def _next(self) -> Job | None:
+    def _admit(self) -> list[Job] | None:
+        """Move waiting jobs into the free places (waiting while there is nothing to do); None: closed."""
         with self._cond:
-            while not self._queue and not self._closed:
+            while not self._queue and not self._running and not self._closed:
                 self._cond.wait()
-            if self._closed and not self._queue:
+            if self._closed and not self._queue and not self._running:
                 return None
-            job = self._queue.popleft()
-            self._running = job
-            return job
+            new = []
+            while self._queue and len(self._running) < self.max_streams:
+                job = self._queue.popleft()
+                self._running.append(job)
+                new.append(job)
+            return new
 
     def _work(self) -> None:
         while True:
-            job = self._next()
-            if job is None:
+            new = self._admit()
+            if new is None:
                 return
+            for job in new:
+                self._begin(job)
+            for job in list(self._running):
+                if job.utterance is not None and job.should_stop():
+                    job.speaking.stats.stopped = True
+                    self._end(job)
+            live = [job for job in self._running if job.utterance is not None]
+            if not live:
+                continue
             try:
-                self._speak(job)
-            finally:
-                with self._cond:
-                    self._running = None
+                made = self.batch.step([job.utterance for job in live])
+            except Exception as exc:  # noqa: BLE001 - a shared step failed: every stream in it ends
+                for job in live:
+                    self._fail(job, exc)
+                continue
+            owner = {id(job.utterance): job for job in live}
+            for utterance, codes in made:
+                job = owner[id(utterance)]
+                try:
+                    chunk = job.speaking.add(codes)
+                    if chunk is not None:
+                        self._emit(job, "audio", chunk)
+                except Exception as exc:  # noqa: BLE001 - one request's failure ends that request only
+                    self._fail(job, exc)
+            for job in live:
+                if job in self._running and job.utterance.done:
+                    self._end(job)
 
-    def _speak(self, job: Job) -> None:
+    def _begin(self, job: Job) -> None:
+        """Start a job that just got a place: its prompt and its utterance, or its refusal."""
         if job.cancelled.is_set():
+            self._leave(job)
             return
         if time.monotonic() > job.deadline:
             self._emit(job, "error", Timeout("the request waited past its timeout before it could start"))
+            self._leave(job)
             return
         job.started = time.monotonic()
         try:
-            for chunk in self.speech.stream(job.text, speaker=job.speaker, language=job.language,
-                                            instruct=job.instruct, seed=job.seed,
-                                            max_frames=self.max_frames, stop=job.should_stop):
+            job.speaking = self.speech.open(job.text, speaker=job.speaker, language=job.language,
+                                            instruct=job.instruct, seed=job.seed, max_frames=self.max_frames,
+                                            stop=job.should_stop)
+            sp = job.speaking
+            job.utterance = self.batch.start(sp.prompt, sp.sampling, sp.max_frames, sp.stats.generation)
+        except Exception as exc:  # noqa: BLE001 - a bad prompt ends its own request
+            self._fail(job, exc)
+
+    def _end(self, job: Job) -> None:
+        """A job whose utterance ended (EOS, its frame limit, or stopped): its last chunk and its end."""
+        sp = job.speaking
+        try:
+            chunk = sp.finish()
+            if chunk is not None:
                 self._emit(job, "audio", chunk)
-            stats = self.speech.last_stats
-            if stats.stopped and job.cancelled.is_set():
+            if sp.stats.stopped and job.cancelled.is_set():
                 self.cancelled += 1  # nobody is listening any more
+                self._leave(job)
                 return
-            if stats.stopped:
-                raise Timeout(f"the request passed its timeout after {stats.frames} frames")
-        except Exception as exc:  # noqa: BLE001 - one request's failure ends that request only
-            self.failed += 1
-            self._emit(job, "error", exc)
+            if sp.stats.stopped:
+                raise Timeout(f"the request passed its timeout after {sp.stats.frames} frames")
+        except Exception as exc:  # noqa: BLE001
+            self._fail(job, exc)
             return
         self.served += 1
         self._recent_s.append(time.monotonic() - job.started)
-        self._emit(job, "end", stats)
+        self._emit(job, "end", sp.stats)
+        self._leave(job)
+
+    def _fail(self, job: Job, exc: Exception) -> None:
+        self.failed += 1
+        self._emit(job, "error", exc)
+        self._leave(job)
+
+    def _leave(self, job: Job) -> None:
+        """Free the job's place and its caches."""
+        if job.utterance is not None:
+            self.batch.release(job.utterance)
+        with self._cond:
+            if job in self._running:
+                self._running.remove(job)
 
     @staticmethod
     def _emit(job: Job, kind: str, value: Any) -> None:
