@@ -16,8 +16,9 @@ each layer keeps between calls (shared reference ``code2wav.md`` §4):
   the absolute position of the next frame (RoPE and the window are absolute).
 
 Precision: fp32 by default (equal to the official decode). ``precision="bf16"`` runs the long
-convolutions (conv_in, the four blocks' transposed convs and ResidualUnit convs, about 90 % of
-the multiply-adds) in bf16 with fp32 state between layers: where the CPU multiplies bf16 natively
+convolutions (conv_in and the four blocks, about 96 % of the multiply-adds, shared reference
+``code2wav.md`` §3) in bf16 wherever a call has more than ``NATIVE_ROWS`` samples (fewer take the
+fp32 GEMV), with fp32 state between layers: where the CPU multiplies bf16 natively
 they run about twice as fast, at about 37 dB signal over difference from the fp32 decode on
 random weights of the published shapes (``vllm-omni-bench speak`` records both).
 
