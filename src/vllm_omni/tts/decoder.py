@@ -77,6 +77,7 @@ def bf16_helps() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & cpuinfo()["flags"])
 
 
+BF16_MIN_ROWS = 4
 NATIVE_ROWS = 16  # at most this many rows a call: the native GEMV (weight-bound); more: PyTorch's GEMM
 
 
@@ -84,8 +85,9 @@ class _Linear:
     """``x [M, K] -> x @ W.T + b``: the native fp32 GEMV (each weight row read once for all M rows)
     when M is small and the shape suits it, else PyTorch. Both are fp32; only summation order differs."""
 
-    def __init__(self, w: Tensor, b: Tensor | None, lib=None):
+    def __init__(self, w: Tensor, b: Tensor | None, lib=None, precision: str = "fp32"):
         self.w, self.b = w.contiguous(), None if b is None else b.contiguous()
+        self.w16 = self.w.bfloat16() if precision == "bf16" else None
         self.lib, self.mat = None, None
         n, k = self.w.shape
         if lib is not None and k % 64 == 0 and k >= 64 and n % 32 == 0:
@@ -97,6 +99,10 @@ class _Linear:
 
     def __call__(self, x: Tensor) -> Tensor:
         m = x.shape[0]
+        if self.w16 is not None and (self.lib is None or m > BF16_MIN_ROWS):  # bf16 GEMM: several times the
+            # fp32 GEMV's rate on more than a few rows; on fewer its conversions cost more than it saves
+            y = F.linear(x.bfloat16(), self.w16).float()
+            return y if self.b is None else y.add_(self.b)
         if self.lib is None or m > NATIVE_ROWS:
             return F.linear(x, self.w, self.b)
         import ctypes
@@ -143,7 +149,7 @@ class _CausalConv:
         # few samples a call: the conv as a GEMV over im2col rows [T, k * C_in], taps outer
         self.rows = None
         if groups == 1 and lib is not None:
-            lin = _Linear(self.w.permute(0, 2, 1).reshape(self.w.shape[0], -1), self.b, lib)
+            lin = _Linear(self.w.permute(0, 2, 1).reshape(self.w.shape[0], -1), self.b, lib, precision)
             self.rows = lin if lin.lib is not None else None
         self.reset()
 
@@ -180,7 +186,8 @@ class _CausalTransConv:
         if self.over not in (0, stride):
             raise ValueError(f"{prefix}: kernel {self.k} with stride {stride} is not streamed here")
         # few inputs a call: one GEMV gives each input's k output samples, [T, (tap, out)]
-        lin = _Linear(self.w.permute(2, 1, 0).reshape(self.k * self.cout, -1), None, lib) if lib is not None else None
+        lin = (_Linear(self.w.permute(2, 1, 0).reshape(self.k * self.cout, -1), None, lib, precision)
+               if lib is not None else None)
         self.rows = lin if lin is not None and lin.lib is not None else None
         self.reset()
 
@@ -212,10 +219,10 @@ class _Attention:
 
     STATE = ("keys", "values")
 
-    def __init__(self, w: dict[str, Tensor], prefix: str, dc: DecoderConfig, lib=None):
+    def __init__(self, w: dict[str, Tensor], prefix: str, dc: DecoderConfig, lib=None, precision: str = "fp32"):
         a = f"{prefix}.self_attn"
-        self.qkv = _Linear(torch.cat([w[f"{a}.{n}_proj.weight"] for n in ("q", "k", "v")]), None, lib)
-        self.o = _Linear(w[f"{a}.o_proj.weight"], None, lib)
+        self.qkv = _Linear(torch.cat([w[f"{a}.{n}_proj.weight"] for n in ("q", "k", "v")]), None, lib, precision)
+        self.o = _Linear(w[f"{a}.o_proj.weight"], None, lib, precision)
         self.heads, self.kv_heads, self.hd, self.window = dc.heads, dc.kv_heads, dc.head_dim, dc.sliding_window
         self.reset()
 
@@ -275,32 +282,33 @@ class StreamingDecoder:
         self.rest_books = torch.stack([book("rvq_rest", i) for i in range(s.quantizers - 1)])  # [15, V, D/2]
         self.first_proj = w[f"{q}.rvq_first.output_proj.weight"][:, :, 0].contiguous()
         self.rest_proj = w[f"{q}.rvq_rest.output_proj.weight"][:, :, 0].contiguous()
-        self.pre_conv = _CausalConv(w, "decoder.pre_conv", lib=lib)
+        self.pre_conv = _CausalConv(w, "decoder.pre_conv", lib=lib, precision=precision)
         tr = "decoder.pre_transformer"
-        self.in_proj = _Linear(w[f"{tr}.input_proj.weight"], w[f"{tr}.input_proj.bias"], lib)
-        self.out_proj = _Linear(w[f"{tr}.output_proj.weight"], w[f"{tr}.output_proj.bias"], lib)
+        self.in_proj = _Linear(w[f"{tr}.input_proj.weight"], w[f"{tr}.input_proj.bias"], lib, precision)
+        self.out_proj = _Linear(w[f"{tr}.output_proj.weight"], w[f"{tr}.output_proj.bias"], lib, precision)
         self.final_norm = w[f"{tr}.norm.weight"]
         self.layers = []
         for i in range(s.transformer_layers):
             p = f"{tr}.layers.{i}"
             self.layers.append({
-                "attn": _Attention(w, p, dc, lib), "in_norm": w[f"{p}.input_layernorm.weight"],
+                "attn": _Attention(w, p, dc, lib, precision), "in_norm": w[f"{p}.input_layernorm.weight"],
                 "post_norm": w[f"{p}.post_attention_layernorm.weight"],
                 "attn_scale": w[f"{p}.self_attn_layer_scale.scale"], "mlp_scale": w[f"{p}.mlp_layer_scale.scale"],
-                "gate_up": _Linear(torch.cat([w[f"{p}.mlp.gate_proj.weight"], w[f"{p}.mlp.up_proj.weight"]]), None, lib),
-                "down": _Linear(w[f"{p}.mlp.down_proj.weight"], None, lib),
+                "gate_up": _Linear(torch.cat([w[f"{p}.mlp.gate_proj.weight"], w[f"{p}.mlp.up_proj.weight"]]), None,
+                                   lib, precision),
+                "down": _Linear(w[f"{p}.mlp.down_proj.weight"], None, lib, precision),
             })
         self.upsample = []
         for i, factor in enumerate(s.upsampling_ratios):
             nx = f"decoder.upsample.{i}.1"
             c = s.latent_dim
             self.upsample.append({
-                "tconv": _CausalTransConv(w, f"decoder.upsample.{i}.0", factor, lib),
+                "tconv": _CausalTransConv(w, f"decoder.upsample.{i}.0", factor, lib, precision),
                 "dw": _CausalConv(w, f"{nx}.dwconv", groups=c),
                 "norm": (w[f"{nx}.norm.weight"], w[f"{nx}.norm.bias"]),
-                "fc1": _Linear(w[f"{nx}.pwconv1.weight"], w[f"{nx}.pwconv1.bias"], lib),
+                "fc1": _Linear(w[f"{nx}.pwconv1.weight"], w[f"{nx}.pwconv1.bias"], lib, precision),
                 "fc2": _Linear(w[f"{nx}.pwconv2.weight"] * w[f"{nx}.gamma"][:, None],
-                               w[f"{nx}.pwconv2.bias"] * w[f"{nx}.gamma"], lib),
+                               w[f"{nx}.pwconv2.bias"] * w[f"{nx}.gamma"], lib, precision),
             })
         self.conv_in = _CausalConv(w, "decoder.decoder.0", lib=lib, precision=precision)
         self.blocks = []
