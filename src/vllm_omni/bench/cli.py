@@ -35,6 +35,7 @@ SUBCOMMAND_MODULES = (
     "targets",
     "speak",
     "serve-load",
+    "batch-steps",
 )
 
 

@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-streams", type=positive_int, default=2, help="the server's --max-streams (default 2)")
     p.add_argument("--max-queue", type=nonnegative_int, default=1, help="the server's --max-queue (default 1)")
     p.add_argument("--soak", type=nonnegative_int, default=0,
-                   help="after the levels, seconds at the server's maximum (one speaking, --max-queue waiting), "
+                   help="after the levels, seconds with --max-streams clients (the server's maximum of streams), "
                         "sampling its resident memory every 5 s (default 0: none)")
     p.add_argument("--quick", action="store_true", help="a shallow checkpoint, short levels: for doctests only")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random checkpoint")
