@@ -555,3 +555,28 @@ def test_swiglu_exponential_is_within_a_few_ulp(variant):
     assert rel.max() < 4e-7, rel.max()
     assert (out.double() - want)[~normal & ~want.isnan()].abs().max() < 1e-30
     assert out[-1].isnan() and not out[:-1].isnan().any()
+
+
+def test_int4_rows_decoded_together_equal_each_row_alone():
+    """Several rows in one call decode each int4 tile once for up to four of them (the AVX-512
+    build's q4_tile_rows): every row's result is what that row gives alone, bit for bit, for row
+    counts that fill four-row blocks and leave some over."""
+    import ctypes
+
+    from vllm_omni.cpu import native
+    from vllm_omni.cpu.predictor import vo_mat
+    from vllm_omni.cpu.quant import quantize
+
+    g = torch.Generator().manual_seed(9)
+    m = quantize(torch.randn(352, 1088, generator=g), "int4")
+    lib = native.load()
+    for rows in (2, 3, 4, 7, 9):
+        x = torch.randn(rows, 1088, generator=g)
+        y = torch.full((rows, 352), float("nan"))
+        assert lib.vo_linear(native.FMT_CODES["int4"], ctypes.byref(vo_mat(m)), x.data_ptr(), rows, y.data_ptr(), 2) == 0
+        for r in range(rows):
+            alone = torch.full((1, 352), float("nan"))
+            xr = x[r:r + 1].contiguous()
+            assert lib.vo_linear(native.FMT_CODES["int4"], ctypes.byref(vo_mat(m)), xr.data_ptr(), 1, alone.data_ptr(),
+                                 2) == 0
+            assert torch.equal(y[r], alone[0]), (rows, r)

@@ -450,6 +450,77 @@ inline void q4_tile2(const uint8_t* wa, const uint8_t* wb, const Act& a, int64_t
     q4_tiles<2>(w, a, cols, o);
 }
 constexpr int Q4_STREAMS = 4;  // GEMVs walk int4 tiles four side by side (for_tile_streams)
+
+// acc + the dot of line bytes wb with the activation word at q, broadcast inside the instruction
+// (as q4_group32's dot).
+inline __m512i dot_word(__m512i acc, __m512i wb, const int8_t* q) {
+    asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(wb), "m"(*(const int32_t*)q));
+    return acc;
+}
+
+// q4_group32 for R activation rows a[0..R) at once: each line of the group loaded and masked once
+// for all of them. Every row's integer sums are exact and its float steps are q4_group32's, in
+// the same order, so each row's lo/hi come out as q4_group32 gives them, bit for bit.
+template <int R>
+inline void q4_group32_rows(const uint8_t* x, const Act* a, int64_t g, __m512* lo, __m512* hi) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), z = _mm512_setzero_si512();
+    __m512i l0[R], w0[R], l1[R], w1[R];
+    for (int r = 0; r < R; ++r) {
+        l0[r] = _mm512_set1_epi32(a[r].gcorr[2 * g]);
+        w0[r] = _mm512_set1_epi32(a[r].gcorr[2 * g + 1]);
+        l1[r] = w1[r] = z;
+    }
+    for (int j = 0; j < 8; j += 2) {
+        __m512i b0 = _mm512_loadu_si512(x + 64 + 64 * j), b1 = _mm512_loadu_si512(x + 128 + 64 * j);
+        asm("" : "+v"(b0), "+v"(b1));
+        const __m512i n0 = _mm512_and_si512(b0, m4), n1 = _mm512_and_si512(b1, m4);
+        for (int r = 0; r < R; ++r) {
+            const int8_t* q = a[r].q + g * 32;
+            l0[r] = dot_word(l0[r], n0, q + 4 * j);
+            w0[r] = dot_word(w0[r], b0, q + 4 * j);
+            l1[r] = dot_word(l1[r], n1, q + 4 * (j + 1));
+            w1[r] = dot_word(w1[r], b1, q + 4 * (j + 1));
+        }
+    }
+    const __m512 sl_scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)x));
+    const __m512 sh_scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(x + 32)));
+    for (int r = 0; r < R; ++r) {
+        const __m512i sl = _mm512_add_epi32(l0[r], l1[r]);
+        const __m512i sh = _mm512_srai_epi32(_mm512_sub_epi32(_mm512_add_epi32(w0[r], w1[r]), sl), 4);
+        const __m512 d = _mm512_set1_ps(a[r].d[g]);
+        lo[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl), _mm512_mul_ps(sl_scale, d), lo[r]);
+        hi[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sh), _mm512_mul_ps(sh_scale, d), hi[r]);
+    }
+}
+
+// out[r] = q4_tile(w, a[r]) for r < R, bit for bit, each group of the tile decoded once for all
+// R rows (even and odd groups summed apart, as tile_by_groups does). A step of several streams,
+// or a prompt's rows, decoded every tile again for each row before (docs/edge/serving.md).
+template <int R>
+inline void q4_tile_rows(const uint8_t* w, const Act* a, int64_t cols, float (*out)[Q4_TILE]) {
+    __m512 lo0[R], lo1[R], hi0[R], hi1[R];
+    for (int r = 0; r < R; ++r) lo0[r] = lo1[r] = hi0[r] = hi1[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < cols / 32; g += 2) {
+        q4_group32_rows<R>(w + g * Q4_GROUP_BYTES, a, g, lo0, hi0);
+        q4_group32_rows<R>(w + (g + 1) * Q4_GROUP_BYTES, a, g + 1, lo1, hi1);
+    }
+    for (int r = 0; r < R; ++r) {
+        _mm512_storeu_ps(out[r], _mm512_add_ps(lo0[r], lo1[r]));
+        _mm512_storeu_ps(out[r] + 16, _mm512_add_ps(hi0[r], hi1[r]));
+    }
+}
+
+constexpr int Q4_ROWS = 4;  // activation rows a tile is decoded for at once (q4_tile_rows)
+
+// q4_tile_rows for n (1 .. Q4_ROWS) rows.
+inline void q4_tile_rows_n(const uint8_t* w, const Act* a, int n, int64_t cols, float (*out)[Q4_TILE]) {
+    switch (n) {
+        case 4: q4_tile_rows<4>(w, a, cols, out); break;
+        case 3: q4_tile_rows<3>(w, a, cols, out); break;
+        case 2: q4_tile_rows<2>(w, a, cols, out); break;
+        default: q4_tile_rows<1>(w, a, cols, out); break;
+    }
+}
 #elif defined(VO_AVX2)
 // The AVX2 form: each 64-byte line is two halves of 8 lanes, and each half's low and high
 // nibbles are masked apart (maddubs saturates at int16, too narrow for whole bytes). maddubs
@@ -991,6 +1062,20 @@ inline void walk_rows(int64_t rows, Group&& group, Tile&& tile) {
 // walk_rows; ends in a barrier. A row's result depends on neither the walk nor the thread count.
 template <class Emit>
 inline void gemv_rows(int fmt, const VoMat& m, const Act* act, int T, Emit&& emit) {
+#if defined(VO_AVX512VNNI)
+    if (fmt == FMT_I4 && T >= 2) {  // several rows: each tile decoded once for up to Q4_ROWS of them
+        for_gemv_rows<FMT_I4>(m.rows, [&](int64_t r0, int nr) {
+            float v[Q4_ROWS][ROW_TILE];
+            const uint8_t* w = q4_tile_at(m, r0);
+            for (int t = 0; t < T; t += Q4_ROWS) {
+                const int n = std::min(Q4_ROWS, T - t);
+                q4_tile_rows_n(w, act + t, n, m.cols, v);
+                for (int k = 0; k < n; ++k) emit(t + k, r0, nr, v[k]);
+            }
+        });
+        return;
+    }
+#endif
     with_fmt(fmt, [&](auto F) {
         constexpr int FMT = decltype(F)::value;
         walk_rows<FMT>(
@@ -1040,6 +1125,20 @@ inline void gemv_swiglu(int fmt, const VoMat& m, int64_t I, Work& W, int T, floa
             }
         };
         if constexpr (FMT == FMT_I4 && STREAMS<FMT> == 4) {
+#if defined(VO_AVX512VNNI)
+            if (T >= 2) {  // several rows: each gate and up tile decoded once for up to Q4_ROWS of them
+                for_gemv_rows<FMT>(I, [&](int64_t r0, int nr) {
+                    float g[Q4_ROWS][ROW_TILE], u[Q4_ROWS][ROW_TILE];
+                    for (int t = 0; t < T; t += Q4_ROWS) {
+                        const int n = std::min(Q4_ROWS, T - t);
+                        q4_tile_rows_n(q4_tile_at(m, r0), act + t, n, m.cols, g);
+                        q4_tile_rows_n(q4_tile_at(m, r0 + I), act + t, n, m.cols, u);
+                        for (int k = 0; k < n; ++k) swiglu(g[k], u[k], out + (t + k) * out_stride + r0, nr);
+                    }
+                });
+                return;
+            }
+#endif
             for_tile_streams<ROW_TILE, 2>(
                 I,
                 [&](const int64_t* g) {
@@ -1331,7 +1430,7 @@ bool stack_ok(const VoStack& st) {
 
 extern "C" {
 
-int32_t vo_version() { return 16; }
+int32_t vo_version() { return 17; }
 
 int32_t vo_max_tokens() { return MAX_TOKENS; }
 
