@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
                 dec.load_state(states[i])
                 dec.push(codes)  # the state is not kept: each call decodes the same place again
 
-        decoder_ms = _median_ms(decode_all, max(2, repeats // 3)) / 4  # per frame of all n streams
+        decoder_ms = _median_ms(decode_all, repeats) / 4  # per frame of all n streams
         step = talker_ms + predictor_ms + decoder_ms
         rows.append([n, round(talker_ms, 2), round(predictor_ms, 2), round(decoder_ms, 2), round(step, 2),
                      round(step / n, 2), round(step / FRAME_MS, 3), round(n * FRAME_MS / step, 3),
