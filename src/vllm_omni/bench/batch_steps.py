@@ -40,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _median_ms(fn, repeats: int) -> float:
+    """The median ms of ``repeats`` calls of ``fn``, after one untimed call."""
     fn()  # warm-up
     times = []
     for _ in range(repeats):
@@ -71,20 +72,17 @@ def run(args: argparse.Namespace) -> int:
     g = torch.Generator().manual_seed(0)
     h = talker.hidden
     position = 100  # a place in the cache that a short utterance reaches
-    rows = []
+    step_rows = talker.lib.vo_max_tokens()
+    parts = {}  # streams -> the three timed calls
     for n in counts:
         caches = [talker.native.new_cache() for _ in range(n)]
-        step_rows = talker.lib.vo_max_tokens()
         for c in caches:  # fill each cache up to the position the timed step is at
             for a in range(0, position, step_rows):
                 k = min(step_rows, position - a)
                 talker.native.forward_rows(torch.randn(k, h, generator=g) * 0.3, list(range(a, a + k)), [c] * k)
         x = torch.randn(n, h, generator=g) * 0.3
-        talker_ms = _median_ms(lambda: talker.native.forward_rows(x, [position] * n, caches, head=talker.head), repeats)
         pcaches = [predictor.new_cache() for _ in range(n)]
         ph, c0 = torch.randn(n, predictor.ht, generator=g), torch.randn(n, predictor.ht, generator=g)
-        keys = list(range(n))
-        predictor_ms = _median_ms(lambda: predictor.frames(ph, c0, pcaches, greedy=False, noise_keys=keys), repeats)
         codes = torch.randint(0, 2048, (4, 16), generator=g)
         states = []
         for _ in range(n):
@@ -92,12 +90,25 @@ def run(args: argparse.Namespace) -> int:
             dec.push(codes)  # a stream some frames in
             states.append(dec.save_state())
 
-        def decode_all():
+        def decode_all(n=n, states=states, codes=codes):
             for i in range(n):
                 dec.load_state(states[i])
                 dec.push(codes)  # the state is not kept: each call decodes the same place again
 
-        decoder_ms = _median_ms(decode_all, repeats) / 4  # per frame of all n streams
+        parts[n] = (
+            lambda n=n, x=x, caches=caches: talker.native.forward_rows(x, [position] * n, caches, head=talker.head),
+            lambda n=n, ph=ph, c0=c0, pc=pcaches: predictor.frames(ph, c0, pc, greedy=False, noise_keys=list(range(n))),
+            decode_all,
+        )
+    # rounds over every stream count in turn, so that a host whose speed drifts moves all of them alike
+    times: dict[int, list[list[float]]] = {n: [[], [], []] for n in counts}
+    for _ in range(repeats):
+        for n in counts:
+            for i, fn in enumerate(parts[n]):
+                times[n][i].append(_median_ms(fn, 1) / (4 if i == 2 else 1))  # the decoder per frame
+    rows = []
+    for n in counts:
+        talker_ms, predictor_ms, decoder_ms = (statistics.median(t) for t in times[n])
         step = talker_ms + predictor_ms + decoder_ms
         rows.append([n, round(talker_ms, 2), round(predictor_ms, 2), round(decoder_ms, 2), round(step, 2),
                      round(step / n, 2), round(step / FRAME_MS, 3), round(n * FRAME_MS / step, 3),
@@ -126,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
         compare={"tolerance": 0.25, "key_columns": ["streams"], "columns": ["step"]},
         run={"talker_position": position, "repeats": repeats, "decoder_precision": speech.decoder.precision,
              "talker_step_bytes": talker.step_bytes, "decoder_chunk_frames": 4},
-        notes=("Median ms of each part over run.repeats calls. Talker step: one native call with one row per "
+        notes=("Median ms of each part over run.repeats rounds; each round times every stream count in turn "
+               "(one call of each part after one untimed one), so that a drift of the host's speed moves them alike. Talker step: one native call with one row per "
                "stream, each at position run.talker_position of its own KV cache, and the codec head on every row. "
                "Predictor frame: one native call running the fifteen passes and the sampling of every stream (each "
                "with its own 16-slot cache and noise key). Decoder: every stream's four-frame chunk decoded in turn, "
