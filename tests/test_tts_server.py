@@ -255,3 +255,23 @@ def test_a_request_past_its_timeout_gets_504_or_a_cut_stream(speech, monkeypatch
         assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
         gate.set()
         assert speak(base, input="Fast enough.").status_code == 200
+
+
+def test_the_engine_loads_its_model_in_its_worker_and_says_why_it_could_not(speech, tmp_path):
+    seen = []
+
+    def load():
+        seen.append(threading.current_thread().name)
+        return speech
+
+    engine = SpeechEngine(load=load, max_frames=MAX_FRAMES)
+    try:
+        assert seen == ["speech-engine"] and engine.speech is speech and engine.status()["max_streams"] == 2
+    finally:
+        engine.close()
+    with pytest.raises(FileNotFoundError, match="no checkpoint here"):
+        SpeechEngine(load=lambda: (_ for _ in ()).throw(FileNotFoundError("no checkpoint here")))
+    with pytest.raises(ValueError, match="max_streams must be in 1..8"):
+        SpeechEngine(speech, max_streams=9)
+    with pytest.raises(ValueError, match="give speech or load"):
+        SpeechEngine()

@@ -145,9 +145,11 @@ def serve(args: argparse.Namespace) -> int:
     from vllm_omni.tts.server.app import create_app
     from vllm_omni.tts.server.engine import SpeechEngine
 
-    speech = Speech.load(args.model, weights=args.weights, threads=args.threads, max_positions=args.max_positions,
-                         cache=not args.no_cache, decoder=args.decoder)
-    engine = SpeechEngine(speech, max_streams=args.max_streams, max_queue=args.max_queue, timeout_s=args.timeout,
+    def load() -> Speech:  # in the engine's worker thread, where it will step (SpeechEngine's doc)
+        return Speech.load(args.model, weights=args.weights, threads=args.threads, max_positions=args.max_positions,
+                           cache=not args.no_cache, decoder=args.decoder)
+
+    engine = SpeechEngine(load=load, max_streams=args.max_streams, max_queue=args.max_queue, timeout_s=args.timeout,
                           max_frames=args.max_frames)
     app = create_app(engine, model_id=args.served_model_name or cfg.family, api_key=api_key)
     print(f"serving {args.served_model_name or cfg.family} on http://{args.host}:{args.port}/v1/audio/speech",
