@@ -191,6 +191,9 @@ class SpeechEngine:
                     self._fail(job, exc)
                 continue
             owner = {id(job.utterance): job for job in live}
+            # streams with the fewest frames first: a new stream's first audio is not kept waiting
+            # behind another's chunk of four frames, which has audio playing already
+            made.sort(key=lambda m: owner[id(m[0])].speaking.stats.frames)
             for utterance, codes in made:
                 job = owner[id(utterance)]
                 try:
