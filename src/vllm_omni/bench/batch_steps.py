@@ -53,7 +53,7 @@ def _median_ms(fn, repeats: int) -> float:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from vllm_omni.bench.speak import random_checkpoint
+    from vllm_omni.bench.speak import checkpoint_note, random_checkpoint
     from vllm_omni.tts.pipeline import Speech
 
     try:
@@ -131,8 +131,7 @@ def run(args: argparse.Namespace) -> int:
             {"name": "talker weights read", "unit": "GB/s", "type": "number", "format": ".0f"},
         ],
         rows=rows, model=cfg.family,
-        weights=("random, shallow (quick)" if args.quick else f"random, seed {args.seed}, published shapes")
-        if args.model_dir is None else f"checkpoint {model_dir}",
+        weights=checkpoint_note(args, model_dir),
         quantization=args.weights, threads=speech.threads, source="vllm-omni-bench batch-steps",
         compare={"tolerance": 0.25, "key_columns": ["streams"], "columns": ["step"]},
         run={"talker_position": position, "repeats": repeats, "decoder_precision": speech.decoder.precision,

@@ -223,7 +223,7 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_omni.bench.speak import random_checkpoint
+    from vllm_omni.bench.speak import checkpoint_note, random_checkpoint
     from vllm_omni.tts.config import load_config
 
     try:
@@ -283,8 +283,7 @@ def run(args: argparse.Namespace) -> int:
             {"name": "server memory after", "unit": "GiB", "type": "number", "format": ".2f"},
         ],
         rows=rows, model=cfg.family,
-        weights=("random, shallow (quick)" if args.quick else f"random, seed {args.seed}, published shapes")
-        if args.model_dir is None else f"checkpoint {model_dir}",
+        weights=checkpoint_note(args, model_dir),
         quantization=args.weights, threads=args.threads or "all", source="vllm-omni-bench serve-load",
         compare={"tolerance": 0.25, "key_columns": ["concurrency"], "columns": ["first audio p50", "RTF p50"]},
         run={"prompts": list(PROMPTS), "speaker": SPEAKER, "language": LANGUAGE, "frames_per_request": frames,

@@ -77,6 +77,13 @@ def random_checkpoint(size: str, seed: int, quick: bool, folder: Path | None = N
     return out
 
 
+def checkpoint_note(args: argparse.Namespace, model_dir: Path) -> str:
+    """An artifact's ``weights``: the random checkpoint a run wrote (``random_checkpoint``), or the one it was given."""
+    if args.model_dir is not None:
+        return f"checkpoint {model_dir}"
+    return "random, shallow (quick)" if args.quick else f"random, seed {args.seed}, published shapes"
+
+
 def _timeline_name(name: str | None) -> str | None:
     """The timeline's artifact name beside a ``--name``d utterance table: speak-X -> timeline-X, so that its
     id starts, as the unnamed one does, with end-to-end/timeline-."""
