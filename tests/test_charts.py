@@ -247,3 +247,12 @@ def test_a_long_numeric_line_drops_its_point_labels_and_per_point_ticks():
     assert "0.5" not in shown and "5.5" not in shown  # the axis picks its own ticks
     short = artifact(art.raw["columns"], art.raw["rows"][:charts.LABELLED_POINTS], "fixture/short")
     assert {"60", "137"} <= set(texts(svg_of(short, kind="line", x="seconds", y="ns")))
+
+
+def test_value_labels_round_to_three_figures_unless_digits_says_more():
+    art = artifact([{"name": "component", "unit": None, "type": "text"}, {"name": "ms", "unit": "ms", "type": "number"}],
+                   [["predictor", 17.564], ["talker", 86.272]], "fixture/precise")
+    assert {"17.6", "86.3"} <= set(texts(svg_of(art, x="component", y="ms")))
+    assert {"17.56", "86.27"} <= set(texts(svg_of(art, x="component", y="ms", digits="4")))
+    with pytest.raises(charts.ChartError, match="digits='0'"):
+        ChartSpec.from_options({"x": "component", "y": "ms", "digits": "0"})

@@ -112,3 +112,114 @@ def test_artifact_page_lists_provenance_and_citers():
     assert "| source | fixture |" in page
     assert "- [Why the CPU path is slow](../../edge/cpu-path.md)" in page
     assert "transcribed" in page and "no command to rerun" in page
+
+
+# --- rounding: three significant figures unless the artifact or the directive says otherwise ----
+
+def _precise(tmp_path: Path, **column) -> dict:
+    """The good fixture with figures that carry more digits than a run supports."""
+    data = json.loads((Path(__file__).parent / "fixtures" / "good" / "good.json").read_text())
+    data["columns"][1].update(column)
+    data["columns"].append({"name": "runs", "unit": None, "type": "number"})
+    data["rows"] = [["predictor", 17.564, 12345], ["talker", 0.04512, 7], ["decoder", 1234.56, 20]]
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    return {GOOD.id: load_file(tmp_path / "p.json")}
+
+
+def _show(arts: dict, text: str) -> str:
+    return substitute(text, "p.md", lambda d, _own, where: site.render_directive(arts, d, "p.md", where))
+
+
+@pytest.mark.parametrize(
+    "value,text",
+    [
+        (17.564, "17.6"), (86.272, "86.3"), (0.04512, "0.0451"), (-17.564, "-17.6"),
+        (17.96, "18.0"), (9.996, "10.0"), (99.95, "100"),  # the zeros the rounding gives, and
+        (5.3, "5.3"), (0.6, "0.6"), (2.0, "2"), (80.0, "80"),  # no more decimals than the artifact holds
+        (123.4, "123"), (1234.56, "1235"), (12345.6, "12,346"),  # integer digits are never rounded away
+        (0.000012345, "0.0000123"), (0.0, "0"),  # no scientific notation
+    ],
+)
+def test_floats_round_to_three_significant_figures(value, text):
+    from vllm_omni.results.render import format_cell, round_figure
+    from vllm_omni.results.schema import Column
+
+    assert round_figure(value) == text
+    assert format_cell(value, Column("ms", "ms", "number")) == text
+
+
+def test_integers_are_counts_and_never_rounded(tmp_path):
+    arts = _precise(tmp_path)
+    assert "| predictor | 17.6 | 12,345 |" in _show(arts, "<!-- table: fixture/good -->")
+    assert _show(arts, '<!-- value: fixture/good row="#0" col=runs -->').startswith("[12,345](")
+
+
+def test_values_round_like_tables(tmp_path):
+    arts = _precise(tmp_path)
+    assert _show(arts, '<!-- value: fixture/good row="#0" col=ms -->').startswith("[17.6 ms](")
+    assert _show(arts, '<!-- value: fixture/good row="#1" col=ms unit=no -->').startswith("[0.0451](")
+
+
+def test_a_column_states_its_own_precision(tmp_path):
+    arts = _precise(tmp_path, digits=4)
+    assert "| predictor | 17.56 | 12,345 |" in _show(arts, "<!-- table: fixture/good -->")
+    assert _show(arts, '<!-- value: fixture/good row="#1" col=ms -->').startswith("[0.04512 ms](")
+    assert arts[GOOD.id].to_dict()["columns"][1]["digits"] == 4  # written back as read
+
+
+def test_the_directive_wins_over_the_column(tmp_path):
+    arts = _precise(tmp_path, digits=4)
+    assert "| predictor | 17.564 | 12,345 |" in _show(arts, "<!-- table: fixture/good digits=5 -->")
+    assert "| predictor | 18 | 12,345 |" in _show(arts, '<!-- table: fixture/good columns="component,ms,runs" digits=2 -->')
+    assert _show(arts, '<!-- value: fixture/good row="#0" col=ms digits=5 -->').startswith("[17.564 ms](")
+    assert _show(arts, '<!-- value: fixture/good row="#0" col=ms fmt=".3f" -->').startswith("[17.564 ms](")
+    arts = _precise(tmp_path, format=".1f")  # a column's format spec is its precision too
+    assert _show(arts, '<!-- value: fixture/good row="#0" col=ms -->').startswith("[17.6 ms](")
+    assert _show(arts, '<!-- value: fixture/good row="#0" col=ms digits=4 -->').startswith("[17.56 ms](")
+
+
+def test_a_run_value_rounds_too(tmp_path):
+    data = json.loads((Path(__file__).parent / "fixtures" / "good" / "good.json").read_text())
+    data["provenance"]["run"] = {"load_s": 0.97364, "accepted": 1200}
+    (tmp_path / "r.json").write_text(json.dumps(data))
+    arts = {GOOD.id: load_file(tmp_path / "r.json")}
+    assert _show(arts, '<!-- value: fixture/good run="load_s" -->').startswith("[0.974](")
+    assert _show(arts, '<!-- value: fixture/good run="load_s" digits=2 -->').startswith("[0.97](")
+    assert _show(arts, '<!-- value: fixture/good run="accepted" -->').startswith("[1,200](")
+    assert _show(arts, '<!-- value: fixture/good run="accepted" fmt="d" -->').startswith("[1200](")
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("<!-- table: fixture/good digits=0 -->", "digits='0'"),
+        ("<!-- table: fixture/good digits=three -->", "digits='three'"),
+        ("<!-- table: fixture/good digits=16 -->", "from 1 to 15"),
+        ("<!-- table: fixture/good fmt=.2f -->", "option 'fmt=.2f'"),
+        ('<!-- value: fixture/good row="#0" col=ms digits=4 fmt=".1f" -->', "fmt= or digits=, not both"),
+        ('<!-- value: fixture/good row="#0" col=ms fmt="%" -->', ""),  # '%' is a number spec: accepted
+        ('<!-- value: fixture/good row="#0" col=ms fmt="x.q" -->', "not a Python format spec"),
+        ("<!-- chart: fixture/good x=component y=ms digits=2.5 -->", "digits='2.5'"),
+    ],
+)
+def test_bad_precision_options_fail(text, message):
+    if not message:
+        render(text)
+        return
+    with pytest.raises(DirectiveError, match=message) as info:
+        render("line one\n" + text)
+    assert str(info.value).startswith("edge/cpu-path.md:2")
+
+
+def test_a_bad_column_precision_names_the_file_and_field(tmp_path):
+    from vllm_omni.results import ArtifactError
+
+    for digits, message in ((0, "from 1 to 15"), (3.5, "got float 3.5"), (True, "got bool True")):
+        with pytest.raises(ArtifactError, match=message) as info:
+            _precise(tmp_path, digits=digits)
+        assert str(info.value).startswith(f"{tmp_path / 'p.json'}: columns[1].digits:")
+    data = json.loads((Path(__file__).parent / "fixtures" / "good" / "good.json").read_text())
+    data["columns"][0]["digits"] = 3
+    (tmp_path / "t.json").write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match="columns\\[0\\].digits: a text column has no figures"):
+        load_file(tmp_path / "t.json")

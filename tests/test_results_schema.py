@@ -31,6 +31,8 @@ BAD = {
     "core-clock-not-start-and-end": "provenance.run.core_clock_ghz",
     "round-trip-not-positive": "provenance.run.core_round_trip_ns.2[1][1]",
     "bad-column-type": "columns[1].type",
+    "bad-column-digits": "columns[1].digits",
+    "column-digits-and-format": "columns[1].digits",
     "invalid-json": "(json)",
 }
 

@@ -55,8 +55,10 @@ def test_table_and_artifact_page_are_built(tmp_path):
         ("# Home\n\n- parent:\n  - child\n", ("docs/index.md:4", "indent nested lists by 4 spaces")),
         # a later paragraph by two spaces ends the list and runs the next item into it
         ("# Home\n\n- first\n\n  second paragraph\n- second item\n", ("docs/index.md", "'second item'")),
+        # a precision that is not a number of significant figures
+        ("# Home\n\n<!-- table: fixture/good digits=0 -->\n", ("docs/index.md:3", "digits='0'", "from 1 to 15")),
     ],
-    ids=["unknown-id", "shallow-nested-list", "list-run-into-paragraph"],
+    ids=["unknown-id", "shallow-nested-list", "list-run-into-paragraph", "bad-digits"],
 )
 def test_a_page_mistake_fails_and_says_where(tmp_path, page, expected):
     proc = build(make_site(tmp_path, page))
@@ -69,3 +71,10 @@ def test_malformed_artifact_fails_and_names_the_file(tmp_path):
     proc = build(site)
     assert proc.returncode != 0
     assert "results/fixture/good.json: rows[2][1] (ms)" in proc.stderr
+
+
+def test_a_malformed_column_precision_fails_and_names_the_file_and_field(tmp_path):
+    site = make_site(tmp_path, "# Home\n", artifact=ROOT / "tests" / "fixtures" / "bad" / "bad-column-digits.json")
+    proc = build(site)
+    assert proc.returncode != 0
+    assert "results/fixture/good.json: columns[1].digits: expected a whole number" in proc.stderr

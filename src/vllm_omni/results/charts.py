@@ -59,12 +59,16 @@ class ChartSpec:
     logy: bool = False
     ref: float | None = None
     ymax: float | None = None
+    digits: int | None = None  # significant figures of the value labels (default: the columns')
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> "ChartSpec":
         kind = options.get("kind", "bar")
         if kind not in CHART_KINDS:
             raise ChartError(f"kind={kind!r} is not one of {', '.join(CHART_KINDS)}")
+        digits = options.get("digits")
+        if digits is not None and not (digits.isascii() and digits.isdigit() and 1 <= int(digits) <= 15):
+            raise ChartError(f"digits={digits!r} is not a whole number of significant figures from 1 to 15")
         return cls(
             kind=kind,
             x=options["x"].strip(),
@@ -76,6 +80,7 @@ class ChartSpec:
             logy=options.get("logy", "no") == "yes",
             ref=float(options["ref"]) if "ref" in options else None,
             ymax=float(options["ymax"]) if "ymax" in options else None,
+            digits=int(digits) if digits is not None else None,
         )
 
 
@@ -208,7 +213,7 @@ def _draw_bars(ax: Any, spec: ChartSpec, data: ChartData, labels: list[str], gid
                     color=PALETTE[si % len(PALETTE)])
         for bi, patch in enumerate(bars.patches):
             patch.set_gid(f"{gid}-bar-{si}-{bi}")
-        ax.bar_label(bars, labels=[format_cell(v, s.column) for _, v in kept], padding=2, fontsize=8)
+        ax.bar_label(bars, labels=[format_cell(v, s.column, spec.digits) for _, v in kept], padding=2, fontsize=8)
     if spec.kind == "bar":
         ax.set_xticks(range(n), labels)
         ax.set_xlabel(data.x_column.label)
@@ -233,7 +238,7 @@ def _draw_lines(ax: Any, spec: ChartSpec, data: ChartData, labels: list[str], gi
         line.set_gid(f"{gid}-line-{si}")
         if labelled:
             for x, v in pts:
-                ax.annotate(format_cell(v, s.column), (x, v), textcoords="offset points", xytext=(0, 5),
+                ax.annotate(format_cell(v, s.column, spec.digits), (x, v), textcoords="offset points", xytext=(0, 5),
                             ha="center", fontsize=8)
     if labelled:
         ax.set_xticks(xs, labels)

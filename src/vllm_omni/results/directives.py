@@ -3,16 +3,21 @@
 Three forms, all HTML comments so that an unprocessed page shows nothing rather than a
 wrong number (and the build checks that none survive):
 
-* ``<!-- table: <id> [columns="a,b"] -->`` on a line of its own: the whole table plus a
+* ``<!-- table: <id> [columns="a,b"] [digits=4] -->`` on a line of its own: the whole table plus a
   caption linking to the artifact's page.
 * ``<!-- chart: <id> [kind=bar|hbar|line] x="<col>" y="<col>,<col>" [series="<col>"]
-  [rows="<key>,#N"] [title=".."] [ylabel=".."] [logy=yes] [ref=80] [ymax=100] -->`` on a
+  [rows="<key>,#N"] [title=".."] [ylabel=".."] [logy=yes] [ref=80] [ymax=100] [digits=4] -->`` on a
   line of its own: the same figures drawn as an inline SVG (``vllm_omni.results.charts``),
   with the same caption.
-* ``<!-- value: <id> row="<first-column value or #index>" col="<column>" [fmt=".1f"] [unit=no] -->``
+* ``<!-- value: <id> row="<first-column value or #index>" col="<column>" [fmt=".1f" | digits=4] [unit=no] -->``
   anywhere in prose: one figure, linked to the artifact's page; ``run="<key>.<key>"`` instead
   of ``row``/``col`` quotes a number the run recorded in its provenance (``provenance.run``),
   without a unit.
+
+Numbers are rounded as ``vllm_omni.results.render.format_cell`` says: integers never, floats
+to three significant figures unless the column states ``format`` or ``digits``; ``digits=N``
+in a directive (N significant figures) and ``fmt=`` in a value (a Python format spec) win
+over both.
 
 Any other ``<!-- name: ... -->`` comment whose name is not a known directive (ours or
 Sybil's) is a typo and raises, like Material's own shortcodes.
@@ -25,14 +30,16 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from .schema import MAX_DIGITS
+
 DIRECTIVE_RE = re.compile(r"<!--\s*([a-z][a-z-]*):\s*(.*?)\s*-->")
 OURS = ("table", "value", "chart")
 OWN_LINE = ("table", "chart")  # block directives: alone on their line
 # Sybil's comment directives, and other comment forms the pages may use on purpose.
 FOREIGN = ("skip", "clear-namespace", "invisible-code-block", "sybil", "codeblock")
-TABLE_OPTIONS = ("columns",)
-VALUE_OPTIONS = ("row", "col", "run", "fmt", "unit")
-CHART_OPTIONS = ("kind", "x", "y", "series", "rows", "title", "ylabel", "logy", "ref", "ymax")
+TABLE_OPTIONS = ("columns", "digits")
+VALUE_OPTIONS = ("row", "col", "run", "fmt", "digits", "unit")
+CHART_OPTIONS = ("kind", "x", "y", "series", "rows", "title", "ylabel", "logy", "ref", "ymax", "digits")
 CHART_KINDS = ("bar", "hbar", "line")
 _OPTIONS = {"table": TABLE_OPTIONS, "value": VALUE_OPTIONS, "chart": CHART_OPTIONS}
 _FENCE_RE = re.compile(r"^\s*(`{3,}|~{3,})")
@@ -84,9 +91,30 @@ def parse(name: str, body: str, where: str) -> Directive:
         for key in ("row", "col"):
             if key not in options:
                 raise DirectiveError(f"{where}: '<!-- value: {artifact_id} -->' needs {key}= (or run=)")
+    if "digits" in options:
+        digits = options["digits"]
+        if not (re.fullmatch(r"[0-9]{1,2}", digits) and 1 <= int(digits) <= MAX_DIGITS):
+            raise DirectiveError(f"{where}: digits={digits!r} of '<!-- {name}: {body} -->' is not a whole number "
+                                 f"of significant figures from 1 to {MAX_DIGITS}")
+        if "fmt" in options:
+            raise DirectiveError(f"{where}: '<!-- {name}: {body} -->' takes fmt= or digits=, not both")
+    if "fmt" in options and not _is_number_spec(options["fmt"]):
+        raise DirectiveError(f"{where}: fmt={options['fmt']!r} of '<!-- {name}: {body} -->' is not a "
+                             "Python format spec for numbers")
     if name == "chart":
         _check_chart(options, f"{where}: '<!-- {name}: {body} -->'")
     return Directive(name, artifact_id, options)
+
+
+def _is_number_spec(spec: str) -> bool:
+    """Whether ``spec`` formats an integer or a float (``"d"`` takes integers only)."""
+    for sample in (1, 1.5):
+        try:
+            format(sample, spec)
+            return True
+        except ValueError:
+            pass
+    return False
 
 
 def split_list(value: str) -> list[str]:

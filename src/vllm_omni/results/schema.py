@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
+MAX_DIGITS = 15  # a column's "digits": significant figures, 1 to 15 (what a float holds)
 ORIGINS = ("transcribed", "measured", "computed")
 COLUMN_TYPES = ("number", "text", "bool")
 
@@ -47,6 +48,7 @@ class Column:
     unit: str | None
     type: str
     format: str | None = None
+    digits: int | None = None  # significant figures of its floats (default: render.DEFAULT_DIGITS)
 
     @property
     def label(self) -> str:
@@ -105,8 +107,9 @@ class Artifact:
             "origin": self.origin,
             "provenance": self.provenance,
             "columns": [
-                {k: v for k, v in (("name", c.name), ("unit", c.unit), ("type", c.type), ("format", c.format))
-                 if k != "format" or v is not None}
+                {k: v for k, v in (("name", c.name), ("unit", c.unit), ("type", c.type), ("format", c.format),
+                                   ("digits", c.digits))
+                 if k not in ("format", "digits") or v is not None}
                 for c in self.columns
             ],
             "rows": self.rows,
@@ -273,7 +276,7 @@ def validate(data: Any, path: str | Path = "<artifact>") -> Artifact:
     seen: set[str] = set()
     for i, col in enumerate(columns):
         where = f"columns[{i}]"
-        c.keys(col, where, ("name", "unit", "type"), ("format",))
+        c.keys(col, where, ("name", "unit", "type"), ("format", "digits"))
         c.string(col["name"], f"{where}.name")
         c.string(col["unit"], f"{where}.unit", nullable=True)
         if col["type"] not in COLUMN_TYPES:
@@ -288,7 +291,16 @@ def validate(data: Any, path: str | Path = "<artifact>") -> Artifact:
                 format(1.5, fmt)
             except ValueError:
                 c.fail(f"{where}.format", f"{fmt!r} is not a Python format spec for numbers")
-        parsed_columns.append(Column(col["name"], col["unit"], col["type"], fmt))
+        digits = col.get("digits")
+        if digits is not None:
+            if isinstance(digits, bool) or not isinstance(digits, int) or not 1 <= digits <= MAX_DIGITS:
+                c.fail(f"{where}.digits", f"expected a whole number of significant figures from 1 to {MAX_DIGITS}, "
+                       f"got {_type_name(digits)} {digits!r}")
+            if col["type"] != "number":
+                c.fail(f"{where}.digits", f"a {col['type']} column has no figures to round")
+            if fmt is not None:
+                c.fail(f"{where}.digits", "give format or digits, not both (format already fixes the figures)")
+        parsed_columns.append(Column(col["name"], col["unit"], col["type"], fmt, digits))
 
     rows = data["rows"]
     if not isinstance(rows, list) or not rows:

@@ -11,7 +11,7 @@ from typing import Any, Iterable
 
 from .directives import Directive, DirectiveError
 from .render import ORIGIN_LABELS, caption, format_cell, markdown_table
-from .schema import Artifact
+from .schema import Artifact, Column
 
 ARTIFACT_PAGES = "artifacts"  # artifact pages live at artifacts/<id>.md
 RAW_JSON = "results"  # raw files are published at results/<id>.json
@@ -45,7 +45,8 @@ def render_directive(artifacts: dict[str, Artifact], d: Directive, page: str, wh
     try:
         if d.name == "table":
             cols = [c.strip() for c in d.options["columns"].split(",")] if "columns" in d.options else None
-            return "\n" + markdown_table(art, cols) + "\n\n" + caption(art, link) + "\n"
+            digits = int(d.options["digits"]) if "digits" in d.options else None
+            return "\n" + markdown_table(art, cols, digits) + "\n\n" + caption(art, link) + "\n"
         return render_value(art, d, link)
     except KeyError as exc:
         raise DirectiveError(f"{where}: {exc.args[0]}") from None
@@ -63,10 +64,20 @@ def _run_value(art: Artifact, path: str) -> Any:
     return value
 
 
+def _value_text(value: Any, d: Directive, col: Column) -> str:
+    """``fmt=`` wins, then ``digits=``, then the column's precision, then the default rounding."""
+    if "fmt" in d.options:
+        try:
+            return format(value, d.options["fmt"])
+        except ValueError:
+            raise KeyError(f"fmt={d.options['fmt']!r} cannot format the {type(value).__name__} {value!r}") from None
+    return format_cell(value, col, int(d.options["digits"]) if "digits" in d.options else None)
+
+
 def render_value(art: Artifact, d: Directive, link: str) -> str:
     if "run" in d.options:
         value = _run_value(art, d.options["run"])
-        text = format(value, d.options["fmt"]) if "fmt" in d.options else str(value)
+        text = _value_text(value, d, Column(d.options["run"], None, "number"))
         return f"[{text}]({link} \"{art.id}\")"
     row_key: str | int = d.options["row"]
     if row_key.startswith("#") and row_key[1:].isdigit():
@@ -75,7 +86,7 @@ def render_value(art: Artifact, d: Directive, link: str) -> str:
     value = art.value(row_key, col.name)
     if value is None:
         raise KeyError(f"{art.path}: the cell ({d.options['row']!r}, {col.name!r}) is null; a page cannot quote it")
-    text = format(value, d.options["fmt"]) if "fmt" in d.options else format_cell(value, col)
+    text = _value_text(value, d, col)
     if col.unit and d.options.get("unit", "yes") != "no":
         text += "%" if col.unit == "%" else f" {col.unit}"
     return f"[{text}]({link} \"{art.id}\")"
