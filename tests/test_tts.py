@@ -177,6 +177,32 @@ def test_streaming_decode_equals_whole_decode(speech):
     assert torch.equal(dec.push(codes[:3]), dec.decode(codes[:3]))
 
 
+def test_the_decoder_counts_its_multiply_adds_and_times_its_stages(speech, monkeypatch):
+    """``stages`` (what decoder-split's rates divide by) agrees with PyTorch's own count of the
+    products the decode runs, and ``push(times=...)`` times every stage without changing the audio."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import vllm_omni.tts.decoder as decoder_module
+
+    monkeypatch.setattr(decoder_module, "_native", lambda: None)  # every product a PyTorch op, counted
+    dec = StreamingDecoder(speech.ckpt.decoder, speech.ckpt.config.decoder)
+    codes = torch.randint(0, 2048, (8, 16), generator=torch.Generator().manual_seed(2))
+    dec.push(codes[:4])  # past the start, where the convs' tails are zeros
+    with FlopCounterMode(display=False) as count:
+        dec.push(codes[4:])
+    stages = dict(dec.stages())
+    counted = count.get_total_flops() / 2 / 4  # multiply-adds per frame
+    attention = counted - sum(stages.values())
+    assert 0 <= attention < 0.2 * stages["transformer"], (counted, stages)
+    dec.reset()
+    plain = dec.push(codes)
+    dec.reset()
+    times: dict[str, float] = {}
+    timed = torch.cat([dec.push(codes[:3], times), dec.push(codes[3:], times)])
+    assert list(times) == list(stages) and all(t > 0 for t in times.values())
+    assert float((timed - plain).abs().max()) < 1e-4
+
+
 def test_the_bf16_decoder_streams_close_to_the_fp32_decode(speech):
     """bf16 long convolutions (the default with int8/int4 weights where the CPU multiplies bf16):
     streamed in uneven chunks, within a stated distance of the fp32 whole decode."""

@@ -33,9 +33,11 @@ SUBCOMMAND_MODULES = (
     "compare",
     "audit",
     "targets",
+    "hosts",
     "speak",
     "serve-load",
     "batch-steps",
+    "decoder-split",
 )
 
 

@@ -30,6 +30,7 @@ so it equals this decoder up to 300 frames and only approximately after.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -369,8 +370,10 @@ class StreamingDecoder:
         return fresh
 
     @torch.inference_mode()
-    def push(self, codes: Tensor) -> Tensor:
-        """The samples [n * 1920] (fp32 in -1..1) of the next ``n`` frames' codes [n, 16]."""
+    def push(self, codes: Tensor, times: dict[str, float] | None = None) -> Tensor:
+        """The samples [n * 1920] (fp32 in -1..1) of the next ``n`` frames' codes [n, 16].
+
+        ``times``, when given, gets each stage's seconds added under its name (``stages``)."""
         codes = torch.as_tensor(codes, dtype=torch.int64)
         if codes.ndim != 2 or codes.shape[1] != self.dc.spec.quantizers:
             raise ValueError(f"codes must be [frames, {self.dc.spec.quantizers}], got {list(codes.shape)}")
@@ -379,26 +382,73 @@ class StreamingDecoder:
         codes = codes.clamp(min=0)
         if int(codes.max()) >= self.dc.spec.codebook_size:
             raise ValueError(f"codes must be below {self.dc.spec.codebook_size}, got {int(codes.max())}")
-        t = codes.shape[0]
+        x: Tensor = codes
+        for name, stage in self._stages():
+            t0 = time.perf_counter() if times is not None else 0.0
+            x = stage(x)
+            if times is not None:
+                times[name] = times.get(name, 0.0) + time.perf_counter() - t0
+        self.position += codes.shape[0]
+        return x
+
+    def stages(self) -> list[tuple[str, int]]:
+        """Each stage's name and multiply-adds per frame (the weights' products; attention's own
+        products, a few per cent of the transformer's, left out), in the order ``push`` runs them."""
+        s = self.dc.spec
+        macs = {"codebooks and pre-conv": self.first_proj.numel() + self.rest_proj.numel()
+                + self.pre_conv.w.numel(),
+                "transformer": sum(lin.w.numel() for lin in self._linears())}
+        rate = 1  # samples per frame entering the stage
+        up = 0
+        for u, factor in zip(self.upsample, s.upsampling_ratios):
+            up += u["tconv"].w.numel() * rate
+            rate *= factor
+            up += (u["dw"].w.numel() + u["fc1"].w.numel() + u["fc2"].w.numel()) * rate
+        macs["upsample and input conv"] = up + self.conv_in.w.numel() * rate
+        for b, ((_, tconv, units), stride) in enumerate(zip(self.blocks, s.upsample_rates)):
+            n = tconv.w.numel() * rate
+            rate *= stride
+            n += sum(conv1.w.numel() + conv2.w.numel() for _, conv1, _, conv2 in units) * rate
+            macs[f"block {b + 1} (x{stride})"] = n
+        macs["output conv"] = self.conv_out.w.numel() * rate
+        return list(macs.items())
+
+    def _linears(self) -> list["_Linear"]:
+        out = [self.in_proj, self.out_proj]
+        for layer in self.layers:
+            out += [layer["attn"].qkv, layer["attn"].o, layer["gate_up"], layer["down"]]
+        return out
+
+    def _stages(self) -> list[tuple[str, Any]]:
+        names = [name for name, _ in self.stages()]
+        blocks = [lambda x, b=b: self._block(b, x) for b in range(len(self.blocks))]
+        return list(zip(names, [self._latent, lambda x: self._transformer(x.T).T, self._upsample, *blocks,
+                                self._output]))
+
+    def _latent(self, codes: Tensor) -> Tensor:
+        """Codes [T, 16] -> the pre-conv's output [latent, T]."""
         first = self.first_book[codes[:, 0]]
         rest = self.rest_books[torch.arange(self.rest_books.shape[0])[None, :], codes[:, 1:]].sum(1)
-        x = (first @ self.first_proj.T + rest @ self.rest_proj.T).T  # [codebook_dim, T]
-        x = self.pre_conv(x).T  # [T, latent]
-        x = self._transformer(x).T  # [latent, T]
+        return self.pre_conv((first @ self.first_proj.T + rest @ self.rest_proj.T).T)
+
+    def _upsample(self, x: Tensor) -> Tensor:
         for up in self.upsample:
             x = up["tconv"](x)
             y = up["dw"](x).T
             y = F.layer_norm(y, (y.shape[-1],), up["norm"][0], up["norm"][1], eps=1e-6)
             y = up["fc2"](F.gelu(up["fc1"](y)))
             x = x + y.T
-        x = self.conv_in(x)
-        for snake, tconv, units in self.blocks:
-            x = tconv(snake(x))
-            for act1, conv1, act2, conv2 in units:
-                x = x + conv2(act2(conv1(act1(x))))
-        wav = self.conv_out(self.snake_out(x))[0]
-        self.position += t
-        return wav.clamp(-1.0, 1.0)
+        return self.conv_in(x)
+
+    def _block(self, b: int, x: Tensor) -> Tensor:
+        snake, tconv, units = self.blocks[b]
+        x = tconv(snake(x))
+        for act1, conv1, act2, conv2 in units:
+            x = x + conv2(act2(conv1(act1(x))))
+        return x
+
+    def _output(self, x: Tensor) -> Tensor:
+        return self.conv_out(self.snake_out(x))[0].clamp(-1.0, 1.0)
 
     def _transformer(self, x: Tensor) -> Tensor:
         dc = self.dc
