@@ -17,6 +17,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -212,51 +213,157 @@ def test_every_artifact_page_and_raw_file_resolves(browser, served):
             assert json.load(resp)["id"] == art_id
 
 
-@pytest.mark.browser
-@pytest.mark.slow
-def test_search_finds_a_figures_page(browser, served):
+def search_hits(driver, base: str, query: str, wanted: str) -> list[str]:
+    """The result links Material's search shows for ``query``, once one contains ``wanted`` (or after 30 s)."""
     from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
-    base, _site = served
-    visit(browser, base)
+    visit(driver, base)
     shown = lambda d, css: next((e for e in d.find_elements(By.CSS_SELECTOR, css) if e.is_displayed()), None)  # noqa: E731
-    if shown(browser, "input.md-search__input") is None:  # narrow layouts hide the box behind an icon
-        shown(browser, "label[for='__search']").click()
-    box = WebDriverWait(browser, 30).until(lambda d: shown(d, "input.md-search__input"))
+    if shown(driver, "input.md-search__input") is None:  # narrow layouts hide the box behind an icon
+        shown(driver, "label[for='__search']").click()
+    box = WebDriverWait(driver, 30).until(lambda d: shown(d, "input.md-search__input"))
     box.click()
-    box.send_keys("204.8")  # the Orin AGX bandwidth, a figure in the device-simulation tables
-    box.send_keys(Keys.SPACE)  # Material searches as one types; a key event after the figure triggers it
+    box.send_keys(query)
+    box.send_keys(Keys.SPACE)  # Material searches as one types; a key event after the query triggers it
 
     seen: list[str] = []
 
     def hits(d):  # the result list re-renders while the query settles: wait for the page sought
         seen[:] = [a.get_attribute("href") for a in d.find_elements(By.CSS_SELECTOR, ".md-search-result__item a")]
-        return any("device-simulation" in h for h in seen)
+        return any(wanted in h for h in seen)
 
     try:
-        WebDriverWait(browser, 30, ignored_exceptions=(StaleElementReferenceException,)).until(hits)
+        WebDriverWait(driver, 30, ignored_exceptions=(StaleElementReferenceException,)).until(hits)
     except TimeoutException:
-        pytest.fail(f"no device-simulation page among the search results: {seen}")
+        pass
+    return seen
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_search_finds_a_figures_page(browser, served):
+    base, _site = served
+    # the Orin AGX bandwidth, a figure in the device-simulation tables
+    seen = search_hits(browser, base, "204.8", "device-simulation")
+    assert any("device-simulation" in h for h in seen), f"no device-simulation page among the search results: {seen}"
+
+
+# --- a reader's first minute: every study page answers on its first screen -------------------------
+
+STUDY_PAGES = sorted(p.relative_to(ROOT / "docs").with_suffix("").as_posix()
+                     for folder in ("edge", "engines") for p in (ROOT / "docs" / folder).glob("*.md"))
+SCREEN = (1280, 800)
+FIGURE_MIN_PX = 100  # at least this much of the headline table or chart shows above the screen's bottom
+
+
+def _title(page: str) -> str:
+    text = (ROOT / "docs" / f"{page}.md").read_text(encoding="utf-8")
+    if text.startswith("---\n"):  # front matter (the search boost) first
+        text = text.split("\n---\n", 1)[1]
+    first = text.lstrip("\n").splitlines()[0]
+    assert first.startswith("# "), f"docs/{page}.md: the first line after the front matter is not its title"
+    return first[2:].strip()
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_each_study_page_answers_on_its_first_screen(browser, served):
+    """On a 1280x800 screen, before any scrolling: the page's title, a summary, and a table or a chart."""
+    from selenium.webdriver.common.by import By
+
+    assert len(STUDY_PAGES) >= 12
+    base, _site = served
+    width, height = SCREEN
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+    rect = "const r = arguments[0].getBoundingClientRect(); return [r.top, r.bottom];"
+    misses = {}
+    try:
+        for page in STUDY_PAGES:
+            visit(browser, base + page + "/")
+            browser.execute_script("window.scrollTo(0, 0)")
+            h1 = browser.find_element(By.CSS_SELECTOR, "article h1")
+            summary = next((p for p in browser.find_elements(By.CSS_SELECTOR, "article > p")
+                            if len(p.text) >= 120), None)
+            figures = browser.find_elements(By.CSS_SELECTOR, "article table, article svg")
+            tops = [browser.execute_script(rect, f)[0] for f in figures]
+            problems = []
+            if browser.execute_script(rect, h1)[1] > height:
+                problems.append("title below the screen")
+            if summary is None or browser.execute_script(rect, summary)[0] > height - 40:
+                problems.append("no summary paragraph on the first screen")
+            if not tops or min(tops) > height - FIGURE_MIN_PX:
+                problems.append(f"first table or chart at {min(tops, default=None)} px")
+            if problems:
+                misses[page] = problems
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    assert not misses, f"pages whose first screen does not answer: {misses}"
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_search_finds_each_study_page_by_its_title(browser, served):
+    base, _site = served
+    missed = {}
+    for page in STUDY_PAGES:
+        seen = search_hits(browser, base, _title(page), page + "/")
+        if not any(page + "/" in h for h in seen[:10]):
+            missed[page] = seen[:10]
+    assert not missed, f"pages the search does not find by their title among the first ten results: {missed}"
+
+
+RESOURCE = re.compile(r"<(?:script|img|iframe|audio|video|source|embed|object|image|use)\b[^>]*?"
+                      r"\b(?:src|data|srcset|xlink:href)=[\"']([^\"']+)[\"']", re.I)
+LINK = re.compile(r"<link\b[^>]*>", re.I)
+LOADED_RELS = {"stylesheet", "icon", "preload", "modulepreload", "prefetch", "manifest", "apple-touch-icon"}
+CSS_URL = re.compile(r"url\(\s*[\"']?([^\"')]+)", re.I)
+
+
+def page_resources(html: str, page_url: str) -> frozenset[str]:
+    """What a page's HTML makes the browser load (scripts, styles, images, frames, media), as absolute URLs;
+    <link>s only where their rel loads something (not prev, next or canonical)."""
+    found = RESOURCE.findall(html) + CSS_URL.findall(html)
+    for tag in LINK.findall(html):
+        rel = re.search(r"\brel=[\"']([^\"']+)", tag)
+        href = re.search(r"\bhref=[\"']([^\"']+)", tag)
+        if rel and href and LOADED_RELS & set(rel.group(1).lower().split()):
+            found.append(href.group(1))
+    return frozenset(urljoin(page_url, u.split()[0]) for u in found if u.strip() and not u.startswith(("#", "data:")))
 
 
 @pytest.mark.browser
 @pytest.mark.slow
 def test_no_page_requests_anything_off_the_host(browser, served):
+    """Every page's HTML is read for what it loads; the browser then opens one page of each set of
+    resources (pages that load the same files ask for the same things) and of each part of the site,
+    and logs every request they make."""
     base, site = served
     pages = sorted(p.parent.relative_to(site).as_posix() for p in site.rglob("index.html"))
     assert len(pages) > 20
-    requests_seen(browser)  # drop what earlier tests left in the log
-    offenders: dict[str, list[str]] = {}
+    kinds: dict[frozenset[str], str] = {}
+    sections: dict[str, str] = {}  # and the first page of each part of the site (home, edge, engines, ...)
+    static: dict[str, list[str]] = {}
     for page in pages:
         url = base if page == "." else urljoin(base, page + "/")
+        loads = page_resources((site / page / "index.html").read_text(encoding="utf-8"), url)
+        assert any(u.endswith(".js") for u in loads), f"{page}: no script found in its HTML"
+        if off_host(sorted(loads), base):
+            static[page] = off_host(sorted(loads), base)
+        kinds.setdefault(loads, url)
+        sections.setdefault("/".join(page.split("/")[:2]), url)
+    assert not static, f"pages whose HTML loads off-host URLs: {static}"
+    requests_seen(browser)  # drop what earlier tests left in the log
+    offenders: dict[str, list[str]] = {}
+    for url in sorted(set(kinds.values()) | set(sections.values())):
         visit(browser, url)
         time.sleep(0.05)
         bad = off_host(requests_seen(browser), base)
         if bad:
-            offenders[page] = bad
+            offenders[url] = bad
     assert not offenders, f"pages asked for off-host URLs: {offenders}"
 
 
