@@ -6,7 +6,6 @@ checked against the artifacts they come from, and against an edited copy of the 
 
 from __future__ import annotations
 
-import json
 import shutil
 import statistics
 
@@ -16,7 +15,7 @@ from vllm_omni.bench import hosts
 from vllm_omni.bench.common import BenchError
 from vllm_omni.bench.targets import host_label
 from vllm_omni.results import load_all
-from vllm_omni.results.store import published_results_dir
+from vllm_omni.testing.results_tree import copy_results, edit_artifact
 
 NAMES = [c["name"] for c in hosts.COLUMNS]
 
@@ -25,17 +24,6 @@ def _by_host(root=None) -> dict[str, dict]:
     return {r[0]: dict(zip(NAMES, r)) for r in hosts.rows(root)}
 
 
-def _copy(tmp_path):
-    root = tmp_path / "results"
-    shutil.copytree(published_results_dir(), root)
-    return root
-
-
-def _edit(root, art_id, change):
-    path = root / f"{art_id}.json"
-    data = json.loads(path.read_text())
-    change(data)
-    path.write_text(json.dumps(data))
 
 
 def test_each_row_is_the_median_and_range_of_its_hosts_frames():
@@ -71,9 +59,9 @@ def test_speech_takes_the_decoder_speak_picks():
 
 
 def test_a_new_run_joins_its_hosts_row(tmp_path):
-    root = _copy(tmp_path)
+    root = copy_results(tmp_path)
     shutil.copy(root / "cpu-path/frame-fused-int4-t2-zen1.json", root / "cpu-path/frame-fused-int4-t2-zen1-run9.json")
-    _edit(root, "cpu-path/frame-fused-int4-t2-zen1-run9", lambda d: d.update(id="cpu-path/frame-fused-int4-t2-zen1-run9"))
+    edit_artifact(root, "cpu-path/frame-fused-int4-t2-zen1-run9", lambda d: d.update(id="cpu-path/frame-fused-int4-t2-zen1-run9"))
     before = _by_host()["AMD EPYC (family 23, model 1), AVX2, 2 cores"]
     after = _by_host(root)["AMD EPYC (family 23, model 1), AVX2, 2 cores"]
     assert after["frame runs"] == before["frame runs"] + 1
@@ -81,7 +69,7 @@ def test_a_new_run_joins_its_hosts_row(tmp_path):
 
 
 def test_a_frame_without_its_total_is_refused_naming_the_file(tmp_path):
-    root = _copy(tmp_path)
-    _edit(root, "cpu-path/frame-fused-int4-t2-zen1", lambda d: d.update(rows=[r for r in d["rows"] if r[0] != "total"]))
+    root = copy_results(tmp_path)
+    edit_artifact(root, "cpu-path/frame-fused-int4-t2-zen1", lambda d: d.update(rows=[r for r in d["rows"] if r[0] != "total"]))
     with pytest.raises(BenchError, match=r"frame-fused-int4-t2-zen1.json: rows: no 'total' row"):
         hosts.rows(root)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 
 from vllm_omni.bench import cli, targets
 from vllm_omni.results.schema import ArtifactError
-from vllm_omni.results import load, published_results_dir
+from vllm_omni.results import load
+from vllm_omni.testing.results_tree import copy_results, edit_artifact
 
 BOARD = load("cpu-path/targets")
 NAMES = [c.name for c in BOARD.columns]
@@ -19,17 +17,6 @@ def rows(art_rows=None):
     return [dict(zip(NAMES, r)) for r in (BOARD.rows if art_rows is None else art_rows)]
 
 
-def _copy(tmp_path):
-    root = tmp_path / "results"
-    shutil.copytree(published_results_dir(), root)
-    return root
-
-
-def _edit(root, art_id, change):
-    path = root / f"{art_id}.json"
-    data = json.loads(path.read_text())
-    change(data)
-    path.write_text(json.dumps(data))
 
 
 def _faster_at_two_threads(data):
@@ -95,18 +82,18 @@ def test_frames_give_an_rtf_and_a_sampler_row_each():
 
 
 def test_a_faster_run_flips_its_verdict(tmp_path):
-    root = _copy(tmp_path)
+    root = copy_results(tmp_path)
     art_id = "cpu-path/predictor-both-int4-t1-2-zen1"
 
-    _edit(root, art_id, _faster_at_two_threads)
+    edit_artifact(root, art_id, _faster_at_two_threads)
     board = {(r["artifact"], r["threads"], r["target"]): r for r in rows(targets.scoreboard(root))}
     assert board[(art_id, 2, targets.PASS_TARGET)]["met"] == "yes"
     assert board[(art_id, 1, targets.PASS_TARGET)]["met"] == "no"
 
 
 def test_a_run_without_its_peak_memory_is_refused(tmp_path):
-    root = _copy(tmp_path)
-    _edit(root, "cpu-path/frame-fused-int4-t2-zen1", lambda d: d["provenance"]["run"].pop("peak_rss_mib"))
+    root = copy_results(tmp_path)
+    edit_artifact(root, "cpu-path/frame-fused-int4-t2-zen1", lambda d: d["provenance"]["run"].pop("peak_rss_mib"))
     with pytest.raises(ArtifactError, match=r"frame-fused-int4-t2-zen1.json: provenance.run.peak_rss_mib: missing"):
         targets.scoreboard(root)
 
@@ -147,10 +134,10 @@ def test_every_cpu_path_benchmark_takes_a_name(command):
 
 
 def test_round_trips_are_those_of_the_rows_thread_count(tmp_path):
-    root = _copy(tmp_path)
+    root = copy_results(tmp_path)
     pred, frame = "cpu-path/predictor-both-int4-t1-2-zen1", "cpu-path/frame-fused-int4-t2-zen1"
-    _edit(root, pred, lambda d: d["provenance"]["run"].update(core_round_trip_ns={"2": [[58.0, 331.5], [60.0, 62.0]]}))
-    _edit(root, frame, lambda d: d["provenance"]["run"].update(
+    edit_artifact(root, pred, lambda d: d["provenance"]["run"].update(core_round_trip_ns={"2": [[58.0, 331.5], [60.0, 62.0]]}))
+    edit_artifact(root, frame, lambda d: d["provenance"]["run"].update(
         core_round_trip_ns={"frames_start": 55.0, "frames_end": 340.0, "probes_end": None}))
     board = {(r["artifact"], r["threads"], r["target"]): r for r in rows(targets.scoreboard(root))}
     two, one = board[(pred, 2, targets.PASS_TARGET)], board[(pred, 1, targets.PASS_TARGET)]
@@ -178,7 +165,7 @@ def test_the_summary_counts_every_scoreboard_row_once():
 
 
 def test_the_summary_follows_a_flipped_verdict(tmp_path):
-    root = _copy(tmp_path)
+    root = copy_results(tmp_path)
     art_id = "cpu-path/predictor-both-int4-t1-2-zen1"
 
     key = ("AMD EPYC (family 23, model 1), AVX2, 2 cores", "AVX2", targets.PASS_TARGET, "int4", 2)
@@ -189,7 +176,7 @@ def test_the_summary_follows_a_flipped_verdict(tmp_path):
         return g
 
     before = group(targets.scoreboard(root))
-    _edit(root, art_id, _faster_at_two_threads)
+    edit_artifact(root, art_id, _faster_at_two_threads)
     after = group(targets.scoreboard(root))
     assert (after["runs"], after["runs met"]) == (before["runs"], before["runs met"] + 1)
     assert after["best"] == 1.25 < before["best"]
@@ -207,8 +194,8 @@ def test_clock_readings_no_core_runs_at_are_marked_invalid():
 
 
 def test_a_clock_reading_above_the_bound_is_marked_on_any_run(tmp_path):
-    root = _copy(tmp_path)
+    root = copy_results(tmp_path)
     art_id = "cpu-path/predictor-both-int8-t1-2-zen1"
-    _edit(root, art_id, lambda d: d["provenance"]["run"].update(core_clock_ghz={"start": 2.1, "end": 9.0}))
+    edit_artifact(root, art_id, lambda d: d["provenance"]["run"].update(core_clock_ghz={"start": 2.1, "end": 9.0}))
     board = [r for r in rows(targets.scoreboard(root)) if r["artifact"] == art_id]
     assert board and all(r["clock note"] == targets.CLOCK_INVALID and r["clock at end"] == 9.0 for r in board)
