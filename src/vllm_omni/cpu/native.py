@@ -237,7 +237,7 @@ def q4_prefetch_groups() -> int:
     host's x86 family and model (``Q4_PREFETCH_HOSTS``), and 0 elsewhere. Measured both ways:
     8 groups ahead made the int4 pass about a third faster on a first-generation EPYC, and the
     same prefetch made it an eighth to two fifths slower on a Zen 4 running the AVX2 build
-    (docs/analysis/cpu-kernels.md). The AVX-512 and plain-C builds never prefetch."""
+    (docs/analysis/cpu-kernels/). The AVX-512 and plain-C builds never prefetch."""
     text = os.environ.get(Q4_PREFETCH_ENV)
     if text is not None:
         try:
@@ -272,7 +272,7 @@ def f32_rows_setting(variant: str = "native") -> int | None:
     count measured to help on this host's x86 family and model (``F32_ROWS_HOSTS``). On the Xeon
     of family 6, model 167, four rows took the native fp32 pass 4 to 8 % less time than one at 1
     and 2 threads (three pairs of runs, alternated), and two about as little as four; on the
-    Zen 4 host, with an earlier layout, one row did best (docs/analysis/cpu-kernels.md). The
+    Zen 4 host, with an earlier layout, one row did best (docs/analysis/cpu-kernels/). The
     count is a compile-time constant, so it enters the build's flags (``-DVO_F32_STREAMS``) and
     its cache key. A row's result is the same whatever the count."""
     text = os.environ.get(F32_ROWS_ENV)

@@ -359,7 +359,7 @@ inline int32_t act_word(const int8_t* p) {
 // run there, made the 1-thread int4 pass an eighth to two fifths slower; on an AVX2-only one
 // (first-generation EPYC, family 23 model 1), where one core decoded int4 tiles from memory at
 // less than half its rate from its L2 cache, 8 groups ahead made the pass about a third faster
-// at 1 and 2 threads (docs/analysis/cpu-kernels.md). The int4 plain reads (tiles_read) make the
+// at 1 and 2 threads (docs/analysis/cpu-kernels/). The int4 plain reads (tiles_read) make the
 // same requests, so that they stay the GEMVs' reads.
 #if defined(VO_AVX2_ONLY)
 int64_t q4_prefetch_groups = 8;  // set only between calls (vo_set_q4_prefetch)
@@ -380,7 +380,7 @@ inline void q4_group32(const uint8_t* x, const Act& a, int64_t g, __m512& lo, __
     // acc + the dot of line bytes wb with activation word i, the word broadcast inside the
     // instruction: GCC emits a separate broadcast for _mm512_set1_epi32, one more vector
     // operation per line in a loop that the core's vector units already bound
-    // (docs/analysis/cpu-kernels.md)
+    // (docs/analysis/cpu-kernels/)
     auto dot = [q](__m512i acc, __m512i wb, int i) {
         asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(wb), "m"(*(const int32_t*)(q + 4 * i)));
         return acc;
@@ -429,7 +429,7 @@ inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
 // N tiles side by side, group by group (N read streams, see for_tile_streams): for each tile the
 // same sums, in the same order, as q4_tile. On the development host (Zen 4) four streams made
 // the 1-thread int4 pass 3 to 5 % faster than two; six or eight made it a fifth to a half slower
-// (their sums alone take 24 or all 32 of the 32 vector registers; docs/analysis/cpu-kernels.md).
+// (their sums alone take 24 or all 32 of the 32 vector registers; docs/analysis/cpu-kernels/).
 template <int N>
 inline void q4_tiles(const uint8_t* const* w, const Act& a, int64_t cols, float* const* o) {
     __m512 l0[N], l1[N], h0[N], h1[N];
@@ -563,7 +563,7 @@ inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
 // Two tiles side by side, group by group, as the AVX-512 q4_tile2: for each tile the same sums,
 // in the same order, as q4_tile. On an AVX2-only development host (first-generation EPYC,
 // family 23 model 1) this made the int4 pass about 15 % faster at 1 and 2 threads without the
-// prefetches, and 2 to 3 % with them (docs/analysis/cpu-kernels.md).
+// prefetches, and 2 to 3 % with them (docs/analysis/cpu-kernels/).
 inline void q4_tile2(const uint8_t* wa, const uint8_t* wb, const Act& a, int64_t cols, float* oa, float* ob) {
     __m256 fa[4][2], fb[4][2];
     for (int i = 0; i < 4; ++i) fa[i][0] = fa[i][1] = fb[i][0] = fb[i][1] = _mm256_setzero_ps();
@@ -620,7 +620,7 @@ constexpr int Q4_STREAMS = 1;
 // lane by lane, one conversion and one multiply-add per 64 bytes, and decoded less than half as
 // fast from L2 on the development host. The two halves' lines alternate so that a group is read
 // front to back: one after the other, the GEMVs fell well behind their reads from memory
-// (docs/analysis/cpu-kernels.md).
+// (docs/analysis/cpu-kernels/).
 constexpr int Q8_TILE = 32;
 constexpr int64_t Q8_GROUP_BYTES = 1024;
 
@@ -684,7 +684,7 @@ inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
 
 // Two tiles side by side, group by group, as q4_tile2: for each tile the same sums, in the same
 // order, as q8_tile. On an AVX2-only development host (first-generation EPYC, family 23 model 1)
-// this made the int8 pass about 14 % faster at 1 and 2 threads (docs/analysis/cpu-kernels.md).
+// this made the int8 pass about 14 % faster at 1 and 2 threads (docs/analysis/cpu-kernels/).
 // The AVX2 q4 and q8 tile loops are written out apart: one template taking the group function,
 // with bit-for-bit the same results, made the int4 pass 4 to 10 % slower on that host (the
 // compiler unrolled and inlined less).
@@ -746,7 +746,7 @@ constexpr int TILE_ROWS = FMT == FMT_F32 ? 1 : ROW_TILE;
 // three or four streams than as one; pairs made the int8 pass about 14 % and the fp32 pass
 // about 20 % faster at 1 thread, and four fp32 rows a few percent more; on the AVX-512 one
 // (Zen 4) int8 tiles read fastest one stream per core, and fp32 rows did with an earlier layout
-// (docs/analysis/cpu-kernels.md).
+// (docs/analysis/cpu-kernels/).
 // F32_STREAMS is VO_F32_STREAMS where the build defines it (1, 2 or 4: vllm_omni.cpu.native
 // chooses it per host, as it does the int4 prefetch), else four in the AVX2-only build and one
 // elsewhere.
@@ -819,7 +819,7 @@ inline void tiles_dot(const VoMat& m, const int64_t* r, const Act& a, float (*v)
 
 // f<FMT>() for the format code fmt: each format's GEMV loop is compiled on its own. With the
 // three formats' tile dots as branches of one loop, the int8 pass of the development host took
-// 12 to 16 % longer once the int4 branch had become a call (docs/analysis/cpu-kernels.md).
+// 12 to 16 % longer once the int4 branch had become a call (docs/analysis/cpu-kernels/).
 template <class F>
 inline void with_fmt(int fmt, F&& f) {
     if (fmt == FMT_I4)
@@ -939,7 +939,7 @@ inline void rmsnorm(const float* x, const float* w, float* y, int64_t n, float e
 // single-precision polynomial after range reduction (within about 2 ulp of exp, see NOTICE);
 // the rest, and the plain-C build, take std::exp. One std::exp call per value cost the int4
 // gate/up GEMV about 8 % at 2 threads and the 1-thread int4 pass about 6 %
-// (docs/analysis/cpu-kernels.md). The exponent is clamped to where 2^k stays a normal float:
+// (docs/analysis/cpu-kernels/). The exponent is clamped to where 2^k stays a normal float:
 // exp(-g) then saturates where silu(g) is g or 0 to well below float precision, and a NaN g
 // still gives NaN through the division.
 inline void swiglu(const float* g, const float* u, float* out, int n) {
@@ -974,7 +974,7 @@ inline void swiglu(const float* g, const float* u, float* out, int n) {
 // read activations from its own cache. Every copy holds the same values, so results do not
 // change. With the two threads in two core complexes of the Zen 4 development host, this made
 // the 2-thread int4 pass about 9 % faster and its predictor frame about 8 %; with both on one
-// L3 it changed nothing clear of the noise (docs/analysis/cpu-kernels.md).
+// L3 it changed nothing clear of the noise (docs/analysis/cpu-kernels/).
 inline Act* own_act(Work& W) { return W.act + (int64_t)omp_get_thread_num() * MAX_TOKENS; }
 inline float* own_normed(Work& W) { return W.normed + (int64_t)omp_get_thread_num() * MAX_TOKENS * W.xn_stride; }
 
@@ -1004,7 +1004,7 @@ enum OutMode { OUT_STORE = 0, OUT_ADD = 1 };
 // compiles to a plain row loop. Rows walked one at a time, int8 rows gained 10-15 % on one core
 // from walking two far-apart parts of a share at once; in tiles of 32 rows, one run of bytes
 // each, int8 reads fastest in order on the AVX-512 development host, but not on the AVX2-only
-// one (STREAMS, docs/analysis/cpu-kernels.md).
+// one (STREAMS, docs/analysis/cpu-kernels/).
 template <int TILE, class F>
 inline void for_tiles(int64_t rows, F&& f) {
     const int nt = omp_get_num_threads(), id = omp_get_thread_num();
@@ -1028,7 +1028,7 @@ inline void for_gemv_rows(int64_t rows, F&& f) {
 // core reads N streams at once, as the read probe may: on the development host (Zen 4) two made
 // the int4 pass about 3 % faster at 1 thread and up to 5 % at 2, where pairs of adjacent tiles
 // made it a fifth slower, and four (q4_tiles) 3 to 5 % faster again at 1 thread
-// (docs/analysis/cpu-kernels.md).
+// (docs/analysis/cpu-kernels/).
 template <int TILE, int N, class FN, class F1>
 inline void for_tile_streams(int64_t rows, FN&& fn, F1&& f1) {
     const int nt = omp_get_num_threads(), id = omp_get_thread_num();
@@ -1186,7 +1186,7 @@ inline void softmax(float* s, int n) {
 // axpy on the output per V row, attend_kv_head's plain path), the attention took about a fifth
 // of the talker's int4 step at 256 positions on an AVX2-only development host (first-generation
 // EPYC, family 23 model 1), where converting an fp16 row costs about as much as the
-// multiply-adds of two heads that use it (docs/analysis/cpu-kernels.md).
+// multiply-adds of two heads that use it (docs/analysis/cpu-kernels/).
 #if defined(VO_AVX2)
 template <bool F16>
 inline __m256 kv_load8(const void* cache, int64_t off) {
