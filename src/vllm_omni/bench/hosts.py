@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_omni.bench.common import BenchError, add_output, computed_provenance, written
-from vllm_omni.bench.targets import FRAME_MS, host_label
+from vllm_omni.bench.targets import FRAME_MS, host_label, rows_by_name
 from vllm_omni.results import store
 from vllm_omni.results.schema import Artifact, validate
 
@@ -47,14 +47,9 @@ COLUMNS = [
 ]
 
 
-def _rows(art: Artifact) -> list[dict[str, Any]]:
-    names = [c.name for c in art.columns]
-    return [dict(zip(names, r)) for r in art.rows]
-
-
 def _one(art: Artifact, key: str, value: str, col: str) -> float | None:
     """The ``col`` of the row whose ``key`` is ``value``, or None where there is no such row."""
-    for r in _rows(art):
+    for r in rows_by_name(art):
         if r.get(key) == value:
             if col not in r:
                 raise BenchError(f"{art.path or art.id}: rows: no column {col!r}")

@@ -133,13 +133,14 @@ def _kernels(art: Artifact) -> str | None:
     return isa
 
 
-def _by_name(art: Artifact) -> list[dict[str, Any]]:
+def rows_by_name(art: Artifact) -> list[dict[str, Any]]:
+    """Each row of ``art`` as a dict keyed by column name."""
     names = [c.name for c in art.columns]
     return [dict(zip(names, row)) for row in art.rows]
 
 
 def _pass_rows(art: Artifact) -> list[list[Any]]:
-    rows = _by_name(art)
+    rows = rows_by_name(art)
     eager = {r["threads"]: r["pass median"] for r in rows if r["impl"] == "reference"}
     out = []
     for r in rows:
@@ -160,7 +161,7 @@ def _frame_rows(art: Artifact) -> list[list[Any]]:
     prov = art.provenance
     if prov.get("quantization") != FRAME_WEIGHTS or prov.get("threads") != FRAME_THREADS:
         return []
-    median = {r["component"]: r["median"] for r in _by_name(art)}
+    median = {r["component"]: r["median"] for r in rows_by_name(art)}
     try:
         total, sampler = median["total"], median["sampler"]
     except KeyError as exc:

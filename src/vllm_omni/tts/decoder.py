@@ -391,27 +391,30 @@ class StreamingDecoder:
         self.position += codes.shape[0]
         return x
 
+    def _stage_names(self) -> list[str]:
+        rates = self.dc.spec.upsample_rates
+        return ["codebooks and pre-conv", "transformer", "upsample and input conv",
+                *[f"block {b + 1} (x{r})" for b, r in enumerate(rates)], "output conv"]
+
     def stages(self) -> list[tuple[str, int]]:
         """Each stage's name and multiply-adds per frame (the weights' products; attention's own
         products, a few per cent of the transformer's, left out), in the order ``push`` runs them."""
         s = self.dc.spec
-        macs = {"codebooks and pre-conv": self.first_proj.numel() + self.rest_proj.numel()
-                + self.pre_conv.w.numel(),
-                "transformer": sum(lin.w.numel() for lin in self._linears())}
+        macs = [self.first_proj.numel() + self.rest_proj.numel() + self.pre_conv.w.numel(),
+                sum(lin.w.numel() for lin in self._linears())]
         rate = 1  # samples per frame entering the stage
         up = 0
         for u, factor in zip(self.upsample, s.upsampling_ratios):
             up += u["tconv"].w.numel() * rate
             rate *= factor
             up += (u["dw"].w.numel() + u["fc1"].w.numel() + u["fc2"].w.numel()) * rate
-        macs["upsample and input conv"] = up + self.conv_in.w.numel() * rate
-        for b, ((_, tconv, units), stride) in enumerate(zip(self.blocks, s.upsample_rates)):
+        macs.append(up + self.conv_in.w.numel() * rate)
+        for (_, tconv, units), stride in zip(self.blocks, s.upsample_rates):
             n = tconv.w.numel() * rate
             rate *= stride
-            n += sum(conv1.w.numel() + conv2.w.numel() for _, conv1, _, conv2 in units) * rate
-            macs[f"block {b + 1} (x{stride})"] = n
-        macs["output conv"] = self.conv_out.w.numel() * rate
-        return list(macs.items())
+            macs.append(n + sum(conv1.w.numel() + conv2.w.numel() for _, conv1, _, conv2 in units) * rate)
+        macs.append(self.conv_out.w.numel() * rate)
+        return list(zip(self._stage_names(), macs))
 
     def _linears(self) -> list["_Linear"]:
         out = [self.in_proj, self.out_proj]
@@ -420,10 +423,9 @@ class StreamingDecoder:
         return out
 
     def _stages(self) -> list[tuple[str, Any]]:
-        names = [name for name, _ in self.stages()]
         blocks = [lambda x, b=b: self._block(b, x) for b in range(len(self.blocks))]
-        return list(zip(names, [self._latent, lambda x: self._transformer(x.T).T, self._upsample, *blocks,
-                                self._output]))
+        return list(zip(self._stage_names(), [self._latent, lambda x: self._transformer(x.T).T, self._upsample,
+                                              *blocks, self._output]))
 
     def _latent(self, codes: Tensor) -> Tensor:
         """Codes [T, 16] -> the pre-conv's output [latent, T]."""
