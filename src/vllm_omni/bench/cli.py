@@ -38,6 +38,7 @@ SUBCOMMAND_MODULES = (
     "serve-load",
     "batch-steps",
     "decoder-split",
+    "busy-cores",
 )
 
 

@@ -14,6 +14,7 @@ gave when it was sent alone (random weights rarely say EOS, so each request is c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import socket
 import statistics
 import subprocess
@@ -60,6 +61,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--soak", type=nonnegative_int, default=0,
                    help="after the levels, seconds with --max-streams clients (the server's maximum of streams), "
                         "sampling its resident memory every 5 s (default 0: none)")
+    p.add_argument("--busy", default="idle",
+                   help="other work running through the levels and the soak (vllm_omni.bench.competing_load): idle "
+                        "(default), spin, torch or kinds joined by '+'")
+    p.add_argument("--fixed-threads", action="store_true",
+                   help="start the server with --fixed-threads (every usable core whatever else runs, as before)")
     p.add_argument("--quick", action="store_true", help="a shallow checkpoint, short levels: for doctests only")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random checkpoint")
     add_name(p, "serving", "load-<model>")
@@ -87,7 +93,7 @@ class _Server:
     """``qwen3-tts-edge serve`` in a child process on a free loopback port."""
 
     def __init__(self, model_dir: Path, weights: str, threads: int | None, frames: int, max_streams: int,
-                 max_queue: int):
+                 max_queue: int, fixed_threads: bool = False):
         self.port = _free_port()
         exe = Path(sys.executable).parent / "qwen3-tts-edge"
         cmd = [str(exe), "serve", "--model", str(model_dir), "--port", str(self.port), "--weights", weights,
@@ -95,6 +101,8 @@ class _Server:
                "--served-model-name", "bench", "--log-level", "warning", "--max-positions", "512"]
         if threads:
             cmd += ["--threads", str(threads)]
+        if fixed_threads:
+            cmd.append("--fixed-threads")
         # its output goes to a file: a pipe nobody reads while the levels run could fill and stall the server
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
@@ -223,6 +231,7 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_omni.bench import competing_load
     from vllm_omni.bench.speak import checkpoint_note, random_checkpoint
     from vllm_omni.tts.config import load_config
 
@@ -236,9 +245,15 @@ def run(args: argparse.Namespace) -> int:
     if duration > 600:
         raise BenchError(f"--duration must be at most 600 s, got {duration}")
     frames = args.frames or (3 if args.quick else 25)
+    try:
+        competing_load.parse(args.busy)
+    except ValueError as exc:
+        raise BenchError(f"--busy: {exc}") from None
     model_dir = args.model_dir or random_checkpoint(args.model, args.seed, args.quick)
     cfg = load_config(model_dir)
-    server = _Server(model_dir, args.weights, args.threads, frames, args.max_streams, args.max_queue)
+    server = _Server(model_dir, args.weights, args.threads, frames, args.max_streams, args.max_queue,
+                     args.fixed_threads)
+    busy = contextlib.ExitStack()  # the competing load (--busy), through the levels and the soak
     try:
         ready_s = server.wait_ready()
         # each prompt alone first: the sample count every later response of it must have
@@ -248,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
         expected = {r["prompt"]: r["samples"] for r in alone}
         rss_idle = _rss_gib(server.proc.pid)
         rows, detail = [], {}
+        busy.enter_context(competing_load.running(args.busy))
         for i, clients in enumerate(levels):
             results, wall = _level(server.base, clients, duration, start_prompt=i)
             t = _tally(results, expected)
@@ -261,13 +277,17 @@ def run(args: argparse.Namespace) -> int:
             detail[str(clients)] = {"wall_s": round(wall, 2), "incomplete": t["incomplete"][:5],
                                     "other_status": sorted({r["status"] for r in t["other"] if r["status"]})}
         soak = _soak(server, args.max_streams, args.soak, expected) if args.soak else None
+        busy.close()
         peak = _rss_gib(server.proc.pid, "VmHWM")
     finally:
+        busy.close()
         server.stop()
     write_measured(
         args,
         artifact_id=f"serving/load-{args.model.lower()}" + ("-quick" if args.quick and not args.name else ""),
-        title=f"The speech server under concurrent streamed requests ({cfg.family}, {args.weights}, loopback)",
+        title=f"The speech server under concurrent streamed requests ({cfg.family}, {args.weights}, loopback"
+              + ("" if args.busy == "idle" else f", beside {competing_load.describe(args.busy)}")
+              + (", --fixed-threads" if args.fixed_threads else "") + ")",
         columns=[
             {"name": "concurrency", "unit": None, "type": "number", "format": ".0f"},
             {"name": "requests", "unit": None, "type": "number", "format": ".0f"},
@@ -290,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
              "duration_s": duration, "max_streams": args.max_streams, "max_queue": args.max_queue, "server_command": server.cmd[1:],
              "server_ready_s": round(ready_s, 2), "server_memory_idle_gib": rss_idle, "server_memory_peak_gib": peak,
              "expected_samples": expected, "levels": detail, "soak": soak,
+             "other_work": {"load": args.busy, "what": competing_load.describe(args.busy)},
              "engine": f"up to {args.max_streams} requests spoken at once, each frame of all of them in one talker "
                        "call and one predictor call"},
         notes=("Each level: that many clients send streamed pcm requests back to back for run.duration_s (a refused "
@@ -302,7 +323,9 @@ def run(args: argparse.Namespace) -> int:
                "beyond, 429). Random weights of the published shapes: "
                "every request is cut at run.frames_per_request frames. run.soak (with --soak): --max-streams clients "
                "(the configured maximum of streams) for that long after the levels, its resident memory sampled every 5 s "
-               "(memory_gib: [seconds, GiB]) and its growth from the first sample to the last.")
+               "(memory_gib: [seconds, GiB]) and its growth from the first sample to the last. run.other_work: what else ran "
+               "through the levels and the soak (--busy, vllm_omni.bench.competing_load), started after the prompts "
+               "were each sent alone.")
               + (" Quick mode: a shallow checkpoint and short levels, not a figure." if args.quick else ""),
     )
     return 0

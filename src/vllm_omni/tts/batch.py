@@ -15,6 +15,8 @@ ones it gets alone; the tests compare the two.
    the prompt of any utterance still prefilling: an utterance joins at the next step without a
    call of its own, and the others do not wait for a whole prefill beyond the rows it takes.
 
+Each step first runs ``CodeGenerator.fit_threads``: on the cores other processes leave free
+(``vllm_omni.cpu.free_cores``), recorded per frame in each utterance's ``stats.threads``.
 An utterance leaves at its EOS or its frame limit; its caches go back to a pool for the next.
 ``CodeGenerator.generate`` is this loop with one utterance.
 """
@@ -96,6 +98,7 @@ class BatchedGenerator:
         if len(live) > self.max_streams:
             raise ValueError(f"{len(live)} utterances in one step; this generator takes {self.max_streams}")
         gen, eos = self.gen, self.gen.spec.eos_id
+        threads = gen.fit_threads()
         ready = []
         for u in live:
             if u.c0 == eos:
@@ -125,6 +128,7 @@ class BatchedGenerator:
         for u, _ in made:
             u.stats.frames.append(StepStats(talker_ms=0.0, predictor_ms=predictor_ms, sampler_ms=u._pending_sample_ms,
                                             bookkeeping_ms=0.0))
+            u.stats.threads.append(threads)
             u.frame += 1
             if u.frame == u.max_frames:
                 u.done = True

@@ -69,7 +69,7 @@ def speak(args: argparse.Namespace) -> int:
 
     resolve_language(cfg, args.language, resolve_speaker(cfg, args.speaker))  # before any weight is read
     speech = Speech.load(args.model, weights=args.weights, threads=args.threads, cache=not args.no_cache,
-                         decoder=args.decoder)
+                         decoder=args.decoder, share_cores=not args.fixed_threads)
     chunks = speech.stream(text, speaker=args.speaker, language=args.language, instruct=args.instruct,
                            streaming_text=not args.non_streaming_text, greedy=True if args.greedy else None,
                            seed=args.seed, max_frames=args.max_frames)
@@ -93,6 +93,8 @@ def speak(args: argparse.Namespace) -> int:
     if bar is not None:
         bar.close()
     st = speech.last_stats
+    if args.stats_json:
+        _write_stats(args.stats_json, speech, st)
     if not args.quiet:
         first = f"{st.first_audio_s * 1e3:.0f} ms" if st.first_audio_s is not None else "none"
         rtf = f"{st.rtf:.2f}" if st.rtf is not None else "n/a"
@@ -100,6 +102,23 @@ def speak(args: argparse.Namespace) -> int:
         print(f"{st.frames} frames, {st.audio_s:.2f} s of audio in {st.total_s:.2f} s (RTF {rtf}, first audio "
               f"after {first}) -> {where}", file=sys.stderr)
     return 0
+
+
+def _write_stats(path: str, speech, st) -> None:
+    """The figures of the summary line, and the threads each frame ran on, as JSON (written whole)."""
+    import json
+    import os
+    import tempfile
+
+    doc = {"frames": st.frames, "audio_s": round(st.audio_s, 3), "total_s": round(st.total_s, 4),
+           "rtf": None if st.rtf is None else round(st.rtf, 4),
+           "first_audio_s": None if st.first_audio_s is None else round(st.first_audio_s, 4),
+           "max_threads": speech.threads, "threads": st.generation.threads}
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f)
+    os.replace(tmp, path)
 
 
 def random_checkpoint(args: argparse.Namespace) -> int:
@@ -125,6 +144,11 @@ def voices(args: argparse.Namespace) -> int:
 
 
 API_KEY_ENV = "QWEN3_TTS_EDGE_API_KEY"
+THREADS_HELP = ("CPU threads at most (default: the usable CPUs); fewer while other processes keep cores busy, "
+                "unless --fixed-threads")
+FIXED_THREADS_HELP = ("run on --threads threads even while other processes keep cores busy (by default the engine "
+                      "steps on the cores they leave free: with every core's thread waiting at each barrier for one "
+                      "the OS has descheduled, a busy core made it many times slower)")
 DECODER_HELP = ("the decoder's precision: auto (default) is bf16 with int8/int4 weights where the CPU multiplies "
                 "bf16 (AVX-512 BF16, AMX), else fp32; fp32 equals the official decode")
 
@@ -147,7 +171,7 @@ def serve(args: argparse.Namespace) -> int:
 
     def load() -> Speech:  # in the engine's worker thread, where it will step (SpeechEngine's doc)
         return Speech.load(args.model, weights=args.weights, threads=args.threads, max_positions=args.max_positions,
-                           cache=not args.no_cache, decoder=args.decoder)
+                           cache=not args.no_cache, decoder=args.decoder, share_cores=not args.fixed_threads)
 
     engine = SpeechEngine(load=load, max_streams=args.max_streams, max_queue=args.max_queue, timeout_s=args.timeout,
                           max_frames=args.max_frames)
@@ -187,7 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--weights", choices=("fp32", "int8", "int4"), default="int4",
                    help="format of the talker and predictor weights (default int4)")
     s.add_argument("--decoder", choices=("auto", "fp32", "bf16"), default="auto", help=DECODER_HELP)
-    s.add_argument("--threads", type=_threads, help="CPU threads (default: the usable CPUs)")
+    s.add_argument("--threads", type=_threads, help=THREADS_HELP)
+    s.add_argument("--fixed-threads", action="store_true", help=FIXED_THREADS_HELP)
     s.add_argument("--no-cache", action="store_true",
                    help="pack the int8/int4 weights anew and do not keep them in the checkpoint's "
                         ".qwen3-tts-edge folder (by default a second start reads them from there)")
@@ -197,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--non-streaming-text", action="store_true",
                    help="put the whole text in the prompt instead of feeding it one token per frame")
     s.add_argument("--quiet", action="store_true", help="no progress bar and no summary line")
+    s.add_argument("--stats-json", help="also write the run's figures (frames, RTF, first audio, the threads each "
+                                        "frame ran on) as JSON to this file")
     s.set_defaults(func=speak)
     r = sub.add_parser("random-checkpoint", help="write a random-weight checkpoint in the official layout")
     r.add_argument("--out", required=True, help="the directory to create")
@@ -218,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--served-model-name", help="the model id clients send (default: the checkpoint's family name)")
     sv.add_argument("--weights", choices=("fp32", "int8", "int4"), default="int4")
     sv.add_argument("--decoder", choices=("auto", "fp32", "bf16"), default="auto", help=DECODER_HELP)
-    sv.add_argument("--threads", type=_threads, help="CPU threads (default: the usable CPUs)")
+    sv.add_argument("--threads", type=_threads, help=THREADS_HELP)
+    sv.add_argument("--fixed-threads", action="store_true", help=FIXED_THREADS_HELP)
     sv.add_argument("--no-cache", action="store_true", help="do not read or keep the packed weights (see speak)")
     sv.add_argument("--max-streams", type=_whole(1, 8), default=2,
                     help="requests spoken at once, stepped together (default 2, at most 8)")

@@ -20,6 +20,7 @@ from typing import Any, Iterator
 
 from vllm_omni.cpu.checks import whole_number
 from vllm_omni.cpu.frame import StepStats
+from vllm_omni.cpu.free_cores import CoreWatch
 from vllm_omni.tts.checkpoint import Checkpoint
 from vllm_omni.tts.prompt import Prompt
 
@@ -57,6 +58,7 @@ class GenerationStats:
     prefill_ms: float = 0.0
     prefill_positions: int = 0
     frames: list[StepStats] = field(default_factory=list)  # a frame split as the study splits one
+    threads: list[int] = field(default_factory=list)  # the threads each frame ran on (CodeGenerator.fit_threads)
     stopped_at_eos: bool = False
 
 
@@ -64,7 +66,7 @@ class CodeGenerator:
     """The fused talker and predictor of one checkpoint, ready to generate (weights packed once)."""
 
     def __init__(self, ckpt: Checkpoint, weights: str = "int4", threads: int | None = None, max_positions: int = 4096,
-                 cache: bool = True):
+                 cache: bool = True, share_cores: bool = True):
         from vllm_omni.cpu.fused_talker import FusedTalker
         from vllm_omni.cpu.predictor import FusedPredictor
         from vllm_omni.cpu.quant import pack_now
@@ -82,10 +84,25 @@ class CodeGenerator:
         self.codec_embedding = ckpt.talker.codec_embedding
         self.spec = ckpt.config.spec
         self._batch = None
+        self.max_threads = self.talker.threads
+        self.cores = CoreWatch() if share_cores else None
 
     @property
     def threads(self) -> int:
+        """The threads the next step runs on (``fit_threads``)."""
         return self.talker.threads
+
+    def fit_threads(self) -> int:
+        """Run the next step on the cores other work leaves free (``vllm_omni.cpu.free_cores``), at most
+        ``max_threads``; PyTorch's threads (the decoder's) follow. Without ``share_cores``, ``max_threads``."""
+        n = self.max_threads if self.cores is None else self.cores.threads(self.max_threads)
+        if n != self.talker.threads:
+            from vllm_omni.patches.threads import real_set_num_threads
+
+            self.talker.set_threads(n)
+            self.predictor.set_threads(n)
+            real_set_num_threads()(n)
+        return n
 
     def sampler(self, s: Sampling):
         """A fresh codebook-0 sampler for one utterance with settings ``s``."""

@@ -107,7 +107,7 @@ class Speech:
     """A checkpoint ready to speak (see the module doc)."""
 
     def __init__(self, ckpt: Checkpoint, weights: str = "int4", threads: int | None = None, max_positions: int = 2048,
-                 cache: bool = True, decoder: str = "auto"):
+                 cache: bool = True, decoder: str = "auto", share_cores: bool = True):
         import torch
 
         from vllm_omni.cpu.predictor import default_threads
@@ -119,7 +119,8 @@ class Speech:
         self.threads = default_threads() if threads is None else whole_number("threads", threads, 1, 1024)
         torch.set_num_threads(self.threads)
         self.ckpt, self.weights = ckpt, weights
-        self.generator = CodeGenerator(ckpt, weights, self.threads, max_positions=max_positions, cache=cache)
+        self.generator = CodeGenerator(ckpt, weights, self.threads, max_positions=max_positions, cache=cache,
+                                       share_cores=share_cores)
         self.decoder = StreamingDecoder(ckpt.decoder, ckpt.config.decoder, precision)
         self.sample_rate = ckpt.config.decoder.spec.sample_rate
         self.samples_per_frame = ckpt.config.decoder.spec.samples_per_frame
@@ -127,15 +128,17 @@ class Speech:
 
     @classmethod
     def load(cls, model_dir: str | Path, weights: str = "int4", threads: int | None = None,
-             max_positions: int = 2048, cache: bool = True, decoder: str = "auto") -> "Speech":
+             max_positions: int = 2048, cache: bool = True, decoder: str = "auto",
+             share_cores: bool = True) -> "Speech":
         """Load ``model_dir``; ``cache``: read and keep the packed int8/int4 weights in it (``weight_cache``);
-        ``decoder``: its precision (``decoder_precision``)."""
+        ``decoder``: its precision (``decoder_precision``); ``threads``: at most this many, fewer while other
+        work keeps cores busy unless ``share_cores`` is False (``vllm_omni.cpu.free_cores``)."""
         if weights not in WEIGHT_FORMATS:  # before reading gigabytes
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
         decoder_precision(decoder, weights)
         if threads is not None:
             whole_number("threads", threads, 1, 1024)
-        return cls(load_checkpoint(model_dir), weights, threads, max_positions, cache, decoder)
+        return cls(load_checkpoint(model_dir), weights, threads, max_positions, cache, decoder, share_cores)
 
     @property
     def speakers(self) -> list[str]:
@@ -153,6 +156,7 @@ class Speech:
         sampling, decoder state and chunk schedule (``stream`` steps one; a server steps several)."""
         start = time.perf_counter()
         chunk_frames = whole_number("chunk_frames", chunk_frames, 1, 1000)
+        self.generator.fit_threads()  # the prompt's own PyTorch work runs on the free cores too
         prompt = build_prompt(self.ckpt, text, speaker=speaker, language=language, instruct=instruct,
                               streaming_text=streaming_text)
         limit = self.ckpt.config.generation.max_new_tokens - 1
