@@ -43,7 +43,7 @@ $(VENV)/.test-installed: pyproject.toml | $(PY)
 OFFICIAL_VENV ?= .venv-official
 OFFICIAL_PY := $(OFFICIAL_VENV)/bin/python
 OFFICIAL_DEPS := 'transformers==4.57.3' 'accelerate==1.12.0' 'librosa==0.11.0' 'soundfile==0.14.0' 'sox==1.5.0' \
-	'einops==0.8.2' 'onnxruntime==1.32.0' 'safetensors==0.8.0' 'tokenizers==0.22.2' 'numpy==2.4.6'
+	'einops==0.8.2' 'onnxruntime==1.32.0' 'safetensors==0.8.0' 'tokenizers==0.22.2' 'numpy==2.4.6' 'soxr==1.1.0'
 $(OFFICIAL_VENV)/.installed: Makefile
 	python3 -m venv $(OFFICIAL_VENV)
 	$(OFFICIAL_PY) -m pip install --quiet --upgrade pip

@@ -89,11 +89,12 @@ def test_a_bad_config_field_is_named(tiny_dir, tmp_path, edit, field):
         load_config(d)
 
 
-def test_base_checkpoints_are_refused_with_what_is_missing(tiny_dir, tmp_path):
+def test_a_base_config_without_the_speaker_encoder_names_the_tensor(tiny_dir, tmp_path):
     d = _copy(tiny_dir, tmp_path / "ck")
-    _edit_json(d / "config.json", lambda c: c.update(tts_model_type="base"))
-    with pytest.raises(CheckpointError, match="voice cloning from reference audio .* not supported yet"):
-        load_config(d)
+    _edit_json(d / "config.json", lambda c: c.update(tts_model_type="base", speaker_encoder_config={"enc_dim": 1024}))
+    assert load_config(d).clones
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'speaker_encoder\..*' is missing"):
+        load_checkpoint(d)
 
 
 def test_a_shape_that_disagrees_with_its_config_is_named(tiny_dir, tmp_path):

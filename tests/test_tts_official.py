@@ -23,7 +23,6 @@ environment fails these tests instead of skipping them.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -61,15 +60,7 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="session", autouse=True)
-def official_env():
-    """The official environment, or a skip naming what is missing (a failure when make test asked for it)."""
-    try:
-        return official.official_python()
-    except official.OfficialUnavailable as exc:
-        if os.environ.get(official.ENV):
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
+official_env = pytest.fixture(scope="session", autouse=True)(official.official_or_skip)
 
 
 def write_official(root: Path, size: str, **shape) -> Path:

@@ -16,9 +16,9 @@ import httpx
 import numpy as np
 import pytest
 
+from vllm_omni.testing.serving import serving as served
 from vllm_omni.tts.pipeline import Speech
 from vllm_omni.tts.random_checkpoint import write_random_checkpoint
-from vllm_omni.tts.server.app import create_app
 from vllm_omni.tts.server.engine import SpeechEngine
 from vllm_omni.tts.wav import UNKNOWN_SIZE, parse_wav
 
@@ -33,27 +33,9 @@ def speech(tmp_path_factory) -> Speech:
     return Speech.load(ck, weights="fp32", threads=2, max_positions=256)
 
 
-@contextlib.contextmanager
 def serving(speech, api_key=None, **engine_kw):
     """The app on 127.0.0.1 (a free port) in a thread; yields (base URL, engine)."""
-    import uvicorn
-
-    engine = SpeechEngine(speech, max_frames=MAX_FRAMES, **engine_kw)
-    app = create_app(engine, model_id="tiny", api_key=api_key)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}", engine
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        engine.close()
+    return served(speech, api_key=api_key, max_frames=MAX_FRAMES, **engine_kw)
 
 
 @pytest.fixture(scope="module")

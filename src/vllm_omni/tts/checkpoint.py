@@ -9,7 +9,8 @@ code the benchmarks measure, with one difference: the large matrices are read fr
 read each once, to pack it, so a start holds one fp32 matrix at a time rather than all of them
 (about 2.4 GB for 0.6B), and a start from packed weights already cached
 (``vllm_omni.tts.weight_cache``) never reads them. The text embedding (151936 rows, 622 MB in
-bf16) stays in the file too: a prompt reads only its own rows.
+bf16) stays in the file too: a prompt reads only its own rows. A Base checkpoint's speaker
+encoder and 12 Hz encoder are checked with the rest and read only when a voice is made.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_omni.tts.config import CheckpointConfig, CheckpointError, load_config
-from vllm_omni.tts.layout import decoder_shapes, talker_shapes
+from vllm_omni.tts.layout import decoder_shapes, speaker_encoder_shapes, speech_encoder_shapes, talker_shapes
 from vllm_omni.tts.text import TextTokenizer, load_tokenizer
 
 MODEL_FILE = "model.safetensors"
@@ -94,10 +95,31 @@ class Checkpoint:
     predictor: Any  # shaped like vllm_omni.cpu.weights.PredictorWeights, likewise
     text: TextWeights
     decoder: dict[str, Any]  # decoder.* tensors, fp32
+    model_file: _TensorFile | None = None
+    speech_file: _TensorFile | None = None
 
     @property
     def path(self) -> Path:
         return self.config.path
+
+    def speaker_encoder_weights(self) -> dict[str, Any]:
+        """A Base checkpoint's ``speaker_encoder.*`` tensors (fp32), read from the file when asked:
+        only making a voice needs them, not speaking in one."""
+        return self._read(self.model_file, speaker_encoder_shapes(self._base().speaker_encoder))
+
+    def speech_encoder_weights(self) -> dict[str, Any]:
+        """A Base checkpoint's ``encoder.*`` tensors (fp32) of the 12 Hz encoder, read when asked."""
+        return self._read(self.speech_file, speech_encoder_shapes(self._base().speech_encoder))
+
+    def _base(self) -> CheckpointConfig:
+        if not self.config.clones:
+            raise CheckpointError(f"{self.path}: {self.config.family} has no speaker encoder or 12 Hz encoder; "
+                                  "voices are cloned with a Base checkpoint")
+        return self.config
+
+    @staticmethod
+    def _read(file: _TensorFile, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+        return {name: file.fp32(name) for name in shapes}
 
 
 class _FromFile:
@@ -151,8 +173,12 @@ def load_checkpoint(model_dir: str | Path) -> Checkpoint:
     cfg = load_config(model_dir)
     tokenizer = load_tokenizer(cfg)
     spec = cfg.spec
-    f = _TensorFile(cfg.path / MODEL_FILE, talker_shapes(cfg))
-    d = _TensorFile(cfg.path / DECODER_FILE, decoder_shapes(cfg.decoder))
+    model_shapes, speech_shapes = talker_shapes(cfg), decoder_shapes(cfg.decoder)
+    if cfg.clones:  # checked now with the rest, read only when a voice is made
+        model_shapes.update(speaker_encoder_shapes(cfg.speaker_encoder))
+        speech_shapes.update(speech_encoder_shapes(cfg.speech_encoder))
+    f = _TensorFile(cfg.path / MODEL_FILE, model_shapes)
+    d = _TensorFile(cfg.path / DECODER_FILE, speech_shapes)
     talker = _FromFile(f, {"codec_head": "talker.codec_head.weight"}, spec=spec,
                        layers=[_block(f, f"talker.model.layers.{i}") for i in range(spec.talker.layers)],
                        norm=f.fp32("talker.model.norm.weight"),
@@ -173,4 +199,4 @@ def load_checkpoint(model_dir: str | Path) -> Checkpoint:
     text = TextWeights(f, f.fp32(f"{tp}.linear_fc1.weight"), f.fp32(f"{tp}.linear_fc1.bias"),
                        f.fp32(f"{tp}.linear_fc2.weight"), f.fp32(f"{tp}.linear_fc2.bias"))
     decoder = {name: d.fp32(name) for name in decoder_shapes(cfg.decoder)}
-    return Checkpoint(cfg, tokenizer, talker, predictor, text, decoder)
+    return Checkpoint(cfg, tokenizer, talker, predictor, text, decoder, f, d)

@@ -1,7 +1,9 @@
 """The ``qwen3-tts-edge`` command: speak a text with a checkpoint, or write a random-weight one.
 
     qwen3-tts-edge speak --model DIR --text "Hello." --speaker ryan --language english --out hello.wav
-    qwen3-tts-edge random-checkpoint --out DIR [--size 0.6B]
+    qwen3-tts-edge clone --model BASE_DIR --ref-audio me.wav --ref-text "What I said." --out me.voice
+    qwen3-tts-edge speak --model BASE_DIR --voice me.voice --text "Hello." --out hello.wav
+    qwen3-tts-edge random-checkpoint --out DIR [--size 0.6B] [--type base]
     qwen3-tts-edge voices --model DIR
     qwen3-tts-edge serve --model DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY]
 
@@ -57,6 +59,42 @@ def _text(args: argparse.Namespace) -> str:
     return text.strip()
 
 
+def _ref_text(args: argparse.Namespace) -> str | None:
+    if args.ref_text is not None and args.ref_text_file is not None:
+        raise ValueError("give --ref-text or --ref-text-file, not both")
+    if args.ref_text_file is None:
+        return args.ref_text
+    try:
+        return Path(args.ref_text_file).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--ref-text-file {args.ref_text_file}: cannot be read ({exc})") from None
+
+
+def _check_voice_options(cfg, args: argparse.Namespace) -> None:
+    """The voice options against the checkpoint's type, before a weight is read: a Base checkpoint speaks in a
+    cloned voice (--voice, or --ref-audio to clone one now), the others in preset or described ones."""
+    given = [o for o, v in (("--voice", args.voice), ("--ref-audio", args.ref_audio), ("--ref-text", args.ref_text),
+                            ("--ref-text-file", args.ref_text_file), ("--x-vector-only", args.x_vector_only)) if v]
+    if not cfg.clones:
+        if given:
+            raise ValueError(f"{given[0]}: {cfg.family} speaks in its preset or described voices; cloned voices need a "
+                             "Base checkpoint")
+        return
+    if args.speaker or args.instruct:
+        option = "--speaker" if args.speaker else "--instruct"
+        raise ValueError(f"{option}: {cfg.family} speaks in a voice cloned from reference audio (give --voice FILE, or "
+                         "--ref-audio FILE with --ref-text or --x-vector-only)")
+    if bool(args.voice) == bool(args.ref_audio):
+        raise ValueError(f"{cfg.family} speaks in a cloned voice: give --voice FILE (from `qwen3-tts-edge clone`) or "
+                         "--ref-audio FILE, not " + ("both" if args.voice else "neither"))
+    if args.voice and len(given) > 1:
+        raise ValueError(f"{given[1]}: the voice file holds its reference already; give it with --voice alone")
+    if args.voice and not Path(args.voice).is_file():
+        raise ValueError(f"--voice {args.voice}: no such voice file")
+    if args.ref_audio and not Path(args.ref_audio).is_file():
+        raise ValueError(f"--ref-audio {args.ref_audio}: no such file")
+
+
 def speak(args: argparse.Namespace) -> int:
     from vllm_omni.tts.config import load_config
     from vllm_omni.tts.wav import WavWriter, check_output
@@ -67,10 +105,22 @@ def speak(args: argparse.Namespace) -> int:
     from vllm_omni.tts.pipeline import Speech
     from vllm_omni.tts.prompt import resolve_language, resolve_speaker
 
-    resolve_language(cfg, args.language, resolve_speaker(cfg, args.speaker))  # before any weight is read
+    _check_voice_options(cfg, args)
+    ref_text = _ref_text(args)
+    resolve_language(cfg, args.language, None if cfg.clones else resolve_speaker(cfg, args.speaker))
+    audio = None
+    if args.ref_audio:  # read and checked before any weight is
+        from vllm_omni.tts.reference_audio import read_reference
+
+        audio = read_reference(args.ref_audio, param="--ref-audio")
     speech = Speech.load(args.model, weights=args.weights, threads=args.threads, cache=not args.no_cache,
                          decoder=args.decoder, share_cores=not args.fixed_threads)
-    chunks = speech.stream(text, speaker=args.speaker, language=args.language, instruct=args.instruct,
+    voice = None
+    if args.voice:
+        voice = speech.load_voice(args.voice)
+    elif audio is not None:
+        voice = speech.clone(audio, ref_text, args.x_vector_only)
+    chunks = speech.stream(text, speaker=args.speaker, voice=voice, language=args.language, instruct=args.instruct,
                            streaming_text=not args.non_streaming_text, greedy=True if args.greedy else None,
                            seed=args.seed, max_frames=args.max_frames)
     to_file = args.out != "-"
@@ -121,14 +171,47 @@ def _write_stats(path: str, speech, st) -> None:
     os.replace(tmp, path)
 
 
+def clone(args: argparse.Namespace) -> int:
+    from vllm_omni.tts.checkpoint import load_checkpoint
+    from vllm_omni.tts.config import load_config
+    from vllm_omni.tts.reference_audio import read_reference
+    from vllm_omni.tts.voice import Cloner, save_voice
+    from vllm_omni.tts.wav import check_output
+
+    check_output(args.out)
+    cfg = load_config(args.model)
+    if not cfg.clones:
+        raise ValueError(f"--model {args.model}: {cfg.family} has no speaker encoder; voices are cloned with a Base "
+                         "checkpoint (Qwen3-TTS-12Hz-0.6B-Base or 1.7B-Base)")
+    ref_text = _ref_text(args)
+    if not args.x_vector_only and not (ref_text and ref_text.strip()):
+        raise ValueError("--ref-text is required to clone in context (what is said in the reference audio); or give "
+                         "--x-vector-only to clone from the speaker embedding alone")
+    audio = read_reference(args.ref_audio, param="--ref-audio")
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    voice = Cloner(load_checkpoint(args.model)).clone(audio, ref_text, args.x_vector_only)
+    save_voice(voice, args.out)
+    made = voice.made
+    what = (f"in context, {voice.codes.shape[0]} reference frames" if voice.icl else "x-vector only")
+    print(f"cloned {audio.seconds:.1f} s of {audio.source} ({what}; speaker embedding {made['speaker_encoder_ms']:.0f} ms"
+          + (f", reference codes {made['speech_encoder_ms']:.0f} ms" if voice.icl else "") + f") -> {args.out}",
+          file=sys.stderr)
+    return 0
+
+
 def random_checkpoint(args: argparse.Namespace) -> int:
     from vllm_omni.tts.random_checkpoint import write_random_checkpoint
 
     shape = {k: getattr(args, k) for k in ("talker_layers", "predictor_layers", "decoder_layers", "text_hidden",
-                                           "decoder_dim") if getattr(args, k)}
+                                           "decoder_dim", "encoder_layers") if getattr(args, k)}
+    shape["model_type"] = args.type.replace("-", "_")
     out = write_random_checkpoint(args.out, args.size, seed=args.seed, dtype=args.dtype, overwrite=args.overwrite,
                                   **shape)
-    print(f"wrote a random-weight {args.size} checkpoint to {out} (random weights: no voice, only the shapes)",
+    kind = {"custom-voice": "CustomVoice", "voice-design": "VoiceDesign", "base": "Base"}[args.type]
+    print(f"wrote a random-weight {args.size}-{kind} checkpoint to {out} (random weights: no voice, only the shapes)",
           file=sys.stderr)
     return 0
 
@@ -138,7 +221,8 @@ def voices(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.model)
     print(f"{cfg.family}")
-    print("speakers: " + (", ".join(sorted(cfg.speakers)) or "none (describe the voice with --instruct)"))
+    none = "none (clone a voice: qwen3-tts-edge clone)" if cfg.clones else "none (describe the voice with --instruct)"
+    print("speakers: " + (", ".join(sorted(cfg.speakers)) or none))
     print("languages: " + ", ".join(cfg.supported_languages))
     return 0
 
@@ -159,6 +243,13 @@ def serve(args: argparse.Namespace) -> int:
     from vllm_omni.tts.config import load_config
 
     cfg = load_config(args.model)  # a wrong folder fails before the weights are read
+    if args.voices is not None and not cfg.clones:
+        raise ValueError(f"--voices: {cfg.family} speaks in preset or described voices; saved voices need a Base "
+                         "checkpoint")
+    if args.voices is not None and args.voices.exists() and not args.voices.is_dir():
+        raise ValueError(f"--voices {args.voices}: not a folder")
+    if args.allowed_local_media_path is not None and not args.allowed_local_media_path.is_dir():
+        raise ValueError(f"--allowed-local-media-path {args.allowed_local_media_path}: not a folder")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         print(f"qwen3-tts-edge serve: note: listening on {args.host} without an API key (--api-key or ${API_KEY_ENV})",
@@ -175,7 +266,8 @@ def serve(args: argparse.Namespace) -> int:
 
     engine = SpeechEngine(load=load, max_streams=args.max_streams, max_queue=args.max_queue, timeout_s=args.timeout,
                           max_frames=args.max_frames)
-    app = create_app(engine, model_id=args.served_model_name or cfg.family, api_key=api_key)
+    app = create_app(engine, model_id=args.served_model_name or cfg.family, api_key=api_key, voices=args.voices,
+                     allowed_local_media=args.allowed_local_media_path)
     print(f"serving {args.served_model_name or cfg.family} on http://{args.host}:{args.port}/v1/audio/speech",
           file=sys.stderr)
     try:
@@ -203,6 +295,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--text", help="the words to speak")
     s.add_argument("--text-file", help="read the words from this file ('-': standard input)")
     s.add_argument("--speaker", help="a CustomVoice speaker (see `qwen3-tts-edge voices`)")
+    s.add_argument("--voice", help="a Base checkpoint's cloned voice: a .voice file from `qwen3-tts-edge clone`")
+    s.add_argument("--ref-audio", help="a Base checkpoint: clone the voice of this recording now (WAV, FLAC, OGG, "
+                                       "MP3; 1 to 30 s) instead of --voice")
+    s.add_argument("--ref-text", help="what is said in --ref-audio (in-context cloning)")
+    s.add_argument("--ref-text-file", help="read --ref-text from this file")
+    s.add_argument("--x-vector-only", action="store_true",
+                   help="clone --ref-audio from its speaker embedding alone (no --ref-text needed)")
     s.add_argument("--language", default="auto", help="a language of the checkpoint, or auto (default)")
     s.add_argument("--instruct", help="a speaking instruction (1.7B CustomVoice) or voice description (VoiceDesign)")
     s.add_argument("--out", required=True, help="the WAV file to write ('-': standard output, as it is made)")
@@ -225,9 +324,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--stats-json", help="also write the run's figures (frames, RTF, first audio, the threads each "
                                         "frame ran on) as JSON to this file")
     s.set_defaults(func=speak)
+    c = sub.add_parser("clone", help="clone a voice from reference audio with a Base checkpoint into a .voice file")
+    c.add_argument("--model", required=True, help="an official Qwen3-TTS Base checkpoint directory")
+    c.add_argument("--ref-audio", required=True, help="a recording of the voice (WAV, FLAC, OGG, MP3; any rate and "
+                                                      "channels; 1 to 30 s, 3 to 10 s of clear speech works best)")
+    c.add_argument("--ref-text", help="what is said in the recording: in-context cloning (the official default)")
+    c.add_argument("--ref-text-file", help="read --ref-text from this file")
+    c.add_argument("--x-vector-only", action="store_true",
+                   help="keep only the speaker embedding (no reference text or codes): quicker prompts, less alike")
+    c.add_argument("--out", required=True, help="the voice file to write (NAME.voice)")
+    c.add_argument("--threads", type=_threads, help="CPU threads (default: the usable CPUs)")
+    c.set_defaults(func=clone)
     r = sub.add_parser("random-checkpoint", help="write a random-weight checkpoint in the official layout")
     r.add_argument("--out", required=True, help="the directory to create")
     r.add_argument("--size", choices=("0.6B", "1.7B"), default="0.6B")
+    r.add_argument("--type", choices=("custom-voice", "voice-design", "base"), default="custom-voice",
+                   help="CustomVoice (preset speakers, the default), VoiceDesign (a described voice) or Base (voices "
+                        "cloned from reference audio: adds the speaker encoder and the 12 Hz encoder)")
     r.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="stored dtype (published: bf16)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--talker-layers", type=_positive, help="fewer talker layers than the published 28 (tests)")
@@ -235,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--decoder-layers", type=_positive, help="fewer decoder transformer layers than 8 (tests)")
     r.add_argument("--text-hidden", type=_positive, help="a narrower text embedding than the published 2048 (tests)")
     r.add_argument("--decoder-dim", type=_positive, help="a narrower decoder than the published 1536 (tests)")
+    r.add_argument("--encoder-layers", type=_positive, help="fewer 12 Hz encoder transformer layers than 8 (tests)")
     r.add_argument("--overwrite", action="store_true", help="replace an existing directory")
     r.set_defaults(func=random_checkpoint)
     sv = sub.add_parser("serve", help="serve an OpenAI-compatible /v1/audio/speech over HTTP")
@@ -257,6 +371,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-frames", type=_positive, help="frames per request at most (default: the checkpoint's)")
     sv.add_argument("--max-positions", type=_positive, default=4096,
                     help="talker positions (prompt and frames) a request may use (default 4096)")
+    sv.add_argument("--voices", type=Path, help="a Base checkpoint's saved voices: NAME.voice files a request names "
+                                                "as its voice; voices added over HTTP are written here")
+    sv.add_argument("--allowed-local-media-path", type=Path,
+                    help="let requests give ref_audio as a file:// path inside this folder (by default only data: "
+                         "URIs; URLs are never fetched)")
     sv.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     sv.set_defaults(func=serve)
     v = sub.add_parser("voices", help="list a checkpoint's speakers and languages")

@@ -5,8 +5,9 @@ files, never from a default, and a user who points the command at the wrong fold
 one line that names the file and the field. Plain ``json``; no torch.
 
 Read: ``config.json`` (the talker, its code predictor, the token and codec ids, speakers,
-languages), ``generation_config.json`` (the sampling defaults; the official loader opens it
-unconditionally) and ``speech_tokenizer/config.json`` (the 12 Hz decoder).
+languages; a Base checkpoint's speaker encoder), ``generation_config.json`` (the sampling
+defaults; the official loader opens it unconditionally) and ``speech_tokenizer/config.json``
+(the 12 Hz decoder; for a Base checkpoint its encoder too, which turns reference audio into codes).
 """
 
 from __future__ import annotations
@@ -20,7 +21,23 @@ from typing import Any
 from vllm_omni.models.spec import Code2WavSpec, ModelSpec, StackSpec
 
 MODEL_TYPES = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "base": "Base"}
-SUPPORTED_TYPES = ("custom_voice", "voice_design")
+# The 12 Hz encoder's config is a transformers ``MimiConfig``: the official code builds it from
+# ``encoder_config`` with that class's defaults (transformers 4.57.3) for the fields it omits.
+MIMI_DEFAULTS: dict[str, Any] = {
+    "sampling_rate": 24000, "frame_rate": 12.5, "audio_channels": 1, "hidden_size": 512, "num_filters": 64,
+    "num_residual_layers": 1, "upsampling_ratios": [8, 6, 5, 4], "kernel_size": 7, "last_kernel_size": 3,
+    "residual_kernel_size": 3, "dilation_growth_rate": 2, "use_causal_conv": True, "pad_mode": "constant",
+    "compress": 2, "codebook_size": 2048, "codebook_dim": 256, "num_quantizers": 32, "use_conv_shortcut": False,
+    "vector_quantization_hidden_dimension": 256, "num_semantic_quantizers": 1, "num_hidden_layers": 8,
+    "intermediate_size": 2048, "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": None,
+    "hidden_act": "gelu", "norm_eps": 1e-5, "rope_theta": 10000.0, "layer_scale_initial_scale": 0.01,
+}
+# The official ``Qwen3TTSSpeakerEncoderConfig`` defaults (qwen-tts 0.1.1), for the fields a Base config omits.
+SPEAKER_ENCODER_DEFAULTS: dict[str, Any] = {
+    "mel_dim": 128, "enc_dim": 1024, "enc_channels": [512, 512, 512, 512, 1536], "enc_kernel_sizes": [5, 3, 3, 3, 1],
+    "enc_dilations": [1, 2, 3, 4, 1], "enc_attention_channels": 128, "enc_res2net_scale": 8, "enc_se_channels": 128,
+    "sample_rate": 24000,
+}
 TOKENIZER_12HZ = "qwen3_tts_tokenizer_12hz"
 
 # The official hard defaults (``qwen_tts`` ``_merge_generate_kwargs``); generation_config.json overrides them.
@@ -165,6 +182,69 @@ class DecoderConfig:
 
 
 @dataclass(frozen=True)
+class SpeakerEncoderConfig:
+    """A Base checkpoint's ECAPA-TDNN speaker encoder (config.json ``speaker_encoder_config``)."""
+
+    mel_dim: int
+    dim: int  # the embedding's size: the talker's hidden size
+    channels: tuple[int, ...]  # the first TDNN, the SE-Res2Net blocks, the aggregation
+    kernels: tuple[int, ...]
+    dilations: tuple[int, ...]
+    attention_channels: int
+    res2net_scale: int
+    se_channels: int
+    sample_rate: int
+
+
+@dataclass(frozen=True)
+class SpeechEncoderConfig:
+    """The 12 Hz encoder of a Base checkpoint's speech tokenizer (speech_tokenizer/config.json
+    ``encoder_config``, a Mimi encoder): SEANet convolutions, a transformer, a stride-2 downsample
+    and the split residual quantizer, of which the first ``valid_quantizers`` codebooks are kept."""
+
+    sample_rate: int
+    filters: int
+    ratios: tuple[int, ...]  # the downsampling strides, last first as in the config (applied reversed)
+    residual_layers: int
+    kernel: int
+    last_kernel: int
+    residual_kernel: int
+    dilation_growth: int
+    compress: int
+    hidden: int
+    layers: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rope_theta: float
+    norm_eps: float
+    codebook_size: int
+    codebook_dim: int
+    quantizers: int
+    semantic_quantizers: int
+    valid_quantizers: int
+    frame_rate: float
+
+    @property
+    def hop(self) -> int:
+        """Samples per frame of the SEANet's output (before the stride-2 downsample)."""
+        return math.prod(self.ratios)
+
+    @property
+    def samples_per_frame(self) -> int:
+        return self.hop * self.downsample_stride
+
+    @property
+    def downsample_stride(self) -> int:
+        return 2
+
+    @property
+    def downsample_kernel(self) -> int:
+        return 2 * int(math.ceil(self.sample_rate / self.hop) / self.frame_rate)
+
+
+@dataclass(frozen=True)
 class CheckpointConfig:
     """Everything the pipeline needs to know about a checkpoint before it reads a weight."""
 
@@ -179,7 +259,14 @@ class CheckpointConfig:
     languages: dict[str, int]
     generation: GenerationDefaults
     decoder: DecoderConfig
+    speaker_encoder: SpeakerEncoderConfig | None = None  # Base only
+    speech_encoder: SpeechEncoderConfig | None = None  # Base only
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+
+    @property
+    def clones(self) -> bool:
+        """Whether this checkpoint speaks in a voice cloned from reference audio (a Base checkpoint)."""
+        return self.model_type == "base"
 
     @property
     def family(self) -> str:
@@ -249,6 +336,98 @@ def _decoder(path: Path) -> DecoderConfig:
                          rope_theta=f.get("rope_theta", float), rms_eps=f.get("rms_norm_eps", float))
 
 
+def _whole_list(f: _Fields, key: str, default: list[int], n: int | None = None) -> tuple[int, ...]:
+    seq = f.get(key, list, default)
+    if not seq or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in seq) or (
+            n is not None and len(seq) != n):
+        size = f" of {n}" if n is not None else ""
+        raise f.fail(key, f"must be a list{size} of whole numbers > 0, got {seq!r}")
+    return tuple(seq)
+
+
+def _speaker_encoder(top: _Fields, talker_hidden: int) -> SpeakerEncoderConfig:
+    """config.json ``speaker_encoder_config`` of a Base checkpoint (official defaults where it is silent)."""
+    f = top.sub("speaker_encoder_config") if top.data.get("speaker_encoder_config") is not None else _Fields(
+        top.path, {}, "speaker_encoder_config.")
+    d = SPEAKER_ENCODER_DEFAULTS
+    channels = _whole_list(f, "enc_channels", d["enc_channels"])
+    if len(channels) < 3:
+        raise f.fail("enc_channels", f"must list at least 3 layers (a TDNN, SE-Res2Net blocks, the aggregation), got {list(channels)}")
+    cfg = SpeakerEncoderConfig(
+        mel_dim=f.positive("mel_dim", d["mel_dim"]), dim=f.positive("enc_dim", d["enc_dim"]), channels=channels,
+        kernels=_whole_list(f, "enc_kernel_sizes", d["enc_kernel_sizes"], len(channels)),
+        dilations=_whole_list(f, "enc_dilations", d["enc_dilations"], len(channels)),
+        attention_channels=f.positive("enc_attention_channels", d["enc_attention_channels"]),
+        res2net_scale=f.positive("enc_res2net_scale", d["enc_res2net_scale"]),
+        se_channels=f.positive("enc_se_channels", d["enc_se_channels"]),
+        sample_rate=f.positive("sample_rate", d["sample_rate"]))
+    if cfg.dim != talker_hidden:
+        raise f.fail("enc_dim", f"is {cfg.dim}; the speaker embedding takes a talker position, so it must equal "
+                                f"talker_config.hidden_size ({talker_hidden})")
+    if cfg.sample_rate != 24000:
+        raise f.fail("sample_rate", f"is {cfg.sample_rate}; the official speaker embedding is made at 24000 Hz only")
+    if sum(channels[1:-1]) != channels[-1]:
+        raise f.fail("enc_channels", f"must end with the sum of the SE-Res2Net blocks' channels ({sum(channels[1:-1])}), "
+                                     f"got {channels[-1]}")
+    if len(set(channels[:-1])) != 1:
+        raise f.fail("enc_channels", f"must keep one width up to the aggregation (each SE-Res2Net block adds its "
+                                     f"input back), got {list(channels)}")
+    for c in channels[1:-1]:
+        if c % cfg.res2net_scale:
+            raise f.fail("enc_res2net_scale", f"must divide every SE-Res2Net block's channels, got {cfg.res2net_scale} "
+                                              f"for {c}")
+    return cfg
+
+
+def _speech_encoder(path: Path) -> SpeechEncoderConfig:
+    """speech_tokenizer/config.json ``encoder_config`` (a MimiConfig: its defaults where the file is silent)."""
+    top = _Fields(path, read_json(path))
+    f = top.sub("encoder_config")
+    d = MIMI_DEFAULTS
+    for key, want in (("use_causal_conv", True), ("pad_mode", "constant"), ("use_conv_shortcut", False),
+                      ("hidden_act", "gelu"), ("audio_channels", 1)):
+        got = f.get(key, type(want), d[key])
+        if got != want:
+            raise f.fail(key, f"is {got!r}; the 12 Hz encoder implemented here has {want!r}")
+    heads = f.positive("num_attention_heads", d["num_attention_heads"])
+    hidden = f.positive("hidden_size", d["hidden_size"])
+    kv_heads = f.positive("num_key_value_heads", d["num_key_value_heads"])
+    if heads % kv_heads:
+        raise f.fail("num_key_value_heads", f"must divide num_attention_heads ({heads}), got {kv_heads}")
+    cfg = SpeechEncoderConfig(
+        sample_rate=f.positive("sampling_rate", d["sampling_rate"]), filters=f.positive("num_filters", d["num_filters"]),
+        ratios=_whole_list(f, "upsampling_ratios", d["upsampling_ratios"]),
+        residual_layers=f.positive("num_residual_layers", d["num_residual_layers"]),
+        kernel=f.positive("kernel_size", d["kernel_size"]), last_kernel=f.positive("last_kernel_size", d["last_kernel_size"]),
+        residual_kernel=f.positive("residual_kernel_size", d["residual_kernel_size"]),
+        dilation_growth=f.positive("dilation_growth_rate", d["dilation_growth_rate"]),
+        compress=f.positive("compress", d["compress"]), hidden=hidden,
+        layers=f.positive("num_hidden_layers", d["num_hidden_layers"]),
+        intermediate=f.positive("intermediate_size", d["intermediate_size"]), heads=heads, kv_heads=kv_heads,
+        head_dim=f.positive("head_dim", hidden // heads), rope_theta=f.get("rope_theta", float, d["rope_theta"]),
+        norm_eps=f.get("norm_eps", float, d["norm_eps"]), codebook_size=f.positive("codebook_size", d["codebook_size"]),
+        codebook_dim=f.positive("codebook_dim", d["codebook_dim"]),
+        quantizers=f.positive("num_quantizers", d["num_quantizers"]),
+        semantic_quantizers=f.positive("num_semantic_quantizers", d["num_semantic_quantizers"]),
+        valid_quantizers=top.positive("encoder_valid_num_quantizers", 16),
+        frame_rate=f.get("frame_rate", float, d["frame_rate"]))
+    if f.positive("vector_quantization_hidden_dimension", d["vector_quantization_hidden_dimension"]) != cfg.codebook_dim:
+        raise f.fail("vector_quantization_hidden_dimension", f"must equal codebook_dim ({cfg.codebook_dim})")
+    if cfg.sample_rate != 24000:
+        raise f.fail("sampling_rate", f"is {cfg.sample_rate}; the 12 Hz encoder takes 24000 Hz audio")
+    if not cfg.semantic_quantizers < cfg.valid_quantizers <= cfg.quantizers:
+        raise top.fail("encoder_valid_num_quantizers", f"must be in {cfg.semantic_quantizers + 1}.."
+                                                       f"{cfg.quantizers}, got {cfg.valid_quantizers}")
+    if cfg.hop * cfg.frame_rate >= cfg.sample_rate or cfg.downsample_kernel < 2:
+        raise f.fail("frame_rate", f"is {cfg.frame_rate}; the encoder implemented here halves the SEANet's frame rate "
+                                   f"({cfg.sample_rate / cfg.hop:g} Hz)")
+    rate = top.positive("encode_downsample_rate", cfg.samples_per_frame)
+    if rate != cfg.samples_per_frame:
+        raise top.fail("encode_downsample_rate", f"is {rate}, but the encoder's strides make {cfg.samples_per_frame} "
+                                                 "samples a frame")
+    return cfg
+
+
 def load_config(model_dir: str | Path) -> CheckpointConfig:
     """Read and check a checkpoint directory's configs (no weights); CheckpointError on any fault."""
     root = Path(model_dir)
@@ -265,9 +444,6 @@ def load_config(model_dir: str | Path) -> CheckpointConfig:
     model_type = top.get("tts_model_type", str)
     if model_type not in MODEL_TYPES:
         raise top.fail("tts_model_type", f"is {model_type!r}; known: {', '.join(MODEL_TYPES)}")
-    if model_type not in SUPPORTED_TYPES:
-        raise top.fail("tts_model_type", f"is {model_type!r} ({MODEL_TYPES[model_type]}): voice cloning from reference "
-                       "audio (the speaker encoder) is not supported yet; CustomVoice and VoiceDesign checkpoints are")
     t = top.sub("talker_config")
     cp = t.sub("code_predictor_config")
     rope = t.get("rope_scaling", dict, {})
@@ -310,8 +486,11 @@ def load_config(model_dir: str | Path) -> CheckpointConfig:
             raise t.fail(f"spk_is_dialect.{spk}", f"names {d!r}, which is not in codec_language_id")
     if model_type == "custom_voice" and not speakers:
         raise t.fail("spk_id", "is empty; a CustomVoice checkpoint names its speakers")
+    clones = model_type == "base"
+    speech_config = root / "speech_tokenizer" / "config.json"
     return CheckpointConfig(
         path=root, model_type=model_type, size=spec.name, spec=spec, text=text, codec=codec, speakers=speakers,
         dialects=dialects, languages=languages, generation=_generation(root / "generation_config.json"),
-        decoder=_decoder(root / "speech_tokenizer" / "config.json"), raw=raw,
+        decoder=_decoder(speech_config), speaker_encoder=_speaker_encoder(top, talker.hidden) if clones else None,
+        speech_encoder=_speech_encoder(speech_config) if clones else None, raw=raw,
     )

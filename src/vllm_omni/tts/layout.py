@@ -1,6 +1,6 @@
 """The tensors of an official checkpoint: every name the pipeline reads, with the shape its config implies.
 
-One table serves three jobs: the loader checks a checkpoint against it before converting
+One table per part serves three jobs: the loader checks a checkpoint against it before converting
 anything (a wrong shape is named with its file and tensor), the random-checkpoint writer
 writes exactly these tensors, and the tests' official-side writer fills the official classes'
 parameters by the same names. The names are the official state-dict keys
@@ -10,7 +10,7 @@ parameters by the same names. The names are the official state-dict keys
 from __future__ import annotations
 
 from vllm_omni.models.spec import StackSpec
-from vllm_omni.tts.config import CheckpointConfig, DecoderConfig
+from vllm_omni.tts.config import CheckpointConfig, DecoderConfig, SpeakerEncoderConfig, SpeechEncoderConfig
 
 Shapes = dict[str, tuple[int, ...]]
 
@@ -124,4 +124,87 @@ def decoder_shapes(dc: DecoderConfig) -> Shapes:
     n = len(s.upsample_rates) + 1
     out.update(_snake(f"decoder.decoder.{n}", last))
     out.update(_conv(f"decoder.decoder.{n + 1}", last, 1, 7))
+    return out
+
+
+def _conv1d(prefix: str, cin: int, cout: int, k: int, bias: bool = True) -> Shapes:
+    out = {f"{prefix}.weight": (cout, cin, k)}
+    if bias:
+        out[f"{prefix}.bias"] = (cout,)
+    return out
+
+
+def speaker_encoder_shapes(sc: SpeakerEncoderConfig) -> Shapes:
+    """``model.safetensors`` of a Base checkpoint: the ECAPA-TDNN speaker encoder (``speaker_encoder.*``)."""
+    p, c = "speaker_encoder", sc.channels
+    out = _conv1d(f"{p}.blocks.0.conv", sc.mel_dim, c[0], sc.kernels[0])
+    for i in range(1, len(c) - 1):
+        b, part = f"{p}.blocks.{i}", c[i] // sc.res2net_scale
+        out.update(_conv1d(f"{b}.tdnn1.conv", c[i - 1], c[i], 1))
+        for j in range(sc.res2net_scale - 1):
+            out.update(_conv1d(f"{b}.res2net_block.blocks.{j}.conv", part, part, sc.kernels[i]))
+        out.update(_conv1d(f"{b}.tdnn2.conv", c[i], c[i], 1))
+        out.update(_conv1d(f"{b}.se_block.conv1", c[i], sc.se_channels, 1))
+        out.update(_conv1d(f"{b}.se_block.conv2", sc.se_channels, c[i], 1))
+    out.update(_conv1d(f"{p}.mfa.conv", c[-1], c[-1], sc.kernels[-1]))
+    out.update(_conv1d(f"{p}.asp.tdnn.conv", 3 * c[-1], sc.attention_channels, 1))
+    out.update(_conv1d(f"{p}.asp.conv", sc.attention_channels, c[-1], 1))
+    out.update(_conv1d(f"{p}.fc", 2 * c[-1], sc.dim, 1))
+    return out
+
+
+def seanet_layers(ec: SpeechEncoderConfig) -> list[tuple[str, int]]:
+    """The SEANet's modules in order, as (kind, index in ``encoder.encoder.layers``): "conv" (the first),
+    "res" (a residual block), "down" (ELU then a strided conv), "last" (ELU then the last conv)."""
+    out, i = [("conv", 0)], 1
+    for _ in reversed(ec.ratios):
+        for _ in range(ec.residual_layers):
+            out.append(("res", i))
+            i += 1
+        out.append(("down", i + 1))  # the ELU takes index i
+        i += 2
+    out.append(("last", i + 1))
+    return out
+
+
+def speech_encoder_shapes(ec: SpeechEncoderConfig) -> Shapes:
+    """``speech_tokenizer/model.safetensors`` of a Base checkpoint: the 12 Hz encoder (``encoder.*``)."""
+    p = "encoder.encoder.layers"
+    out: Shapes = {}
+    scale = 1
+    ratios = list(reversed(ec.ratios))
+    down = 0
+    for kind, i in seanet_layers(ec):
+        c = scale * ec.filters
+        if kind == "conv":
+            out.update(_conv1d(f"{p}.{i}.conv", 1, ec.filters, ec.kernel))
+        elif kind == "res":
+            out.update(_conv1d(f"{p}.{i}.block.1.conv", c, c // ec.compress, ec.residual_kernel))
+            out.update(_conv1d(f"{p}.{i}.block.3.conv", c // ec.compress, c, 1))
+        elif kind == "down":
+            out.update(_conv1d(f"{p}.{i}.conv", c, 2 * c, 2 * ratios[down]))
+            down += 1
+            scale *= 2
+        else:
+            out.update(_conv1d(f"{p}.{i}.conv", c, ec.hidden, ec.last_kernel))
+    h, q, kv = ec.hidden, ec.heads * ec.head_dim, ec.kv_heads * ec.head_dim
+    for i in range(ec.layers):
+        t = f"encoder.encoder_transformer.layers.{i}"
+        out.update({
+            f"{t}.self_attn.q_proj.weight": (q, h), f"{t}.self_attn.k_proj.weight": (kv, h),
+            f"{t}.self_attn.v_proj.weight": (kv, h), f"{t}.self_attn.o_proj.weight": (h, q),
+            f"{t}.mlp.fc1.weight": (ec.intermediate, h), f"{t}.mlp.fc2.weight": (h, ec.intermediate),
+            f"{t}.input_layernorm.weight": (h,), f"{t}.input_layernorm.bias": (h,),
+            f"{t}.post_attention_layernorm.weight": (h,), f"{t}.post_attention_layernorm.bias": (h,),
+            f"{t}.self_attn_layer_scale.scale": (h,), f"{t}.mlp_layer_scale.scale": (h,),
+        })
+    out.update(_conv1d("encoder.downsample.conv", h, h, ec.downsample_kernel, bias=False))
+    for part, n in (("semantic", ec.semantic_quantizers), ("acoustic", ec.quantizers - ec.semantic_quantizers)):
+        q = f"encoder.quantizer.{part}_residual_vector_quantizer"
+        out.update(_conv1d(f"{q}.input_proj", h, ec.codebook_dim, 1, bias=False))
+        out.update(_conv1d(f"{q}.output_proj", ec.codebook_dim, h, 1, bias=False))
+        for j in range(n):
+            cb = f"{q}.layers.{j}.codebook"
+            out.update({f"{cb}.initialized": (1,), f"{cb}.cluster_usage": (ec.codebook_size,),
+                        f"{cb}.embed_sum": (ec.codebook_size, ec.codebook_dim)})
     return out

@@ -7,7 +7,9 @@ long convolutions in bf16 with int8/int4 weights where the CPU multiplies bf16, 
 ``Speech.stream(...)`` then yields ``AudioChunk``s: the first after one frame (80 ms of audio), then chunks that grow
 to ``chunk_frames`` frames (``chunk_schedule``), each decoded from the state the decoder kept,
 so the concatenation is the whole utterance's decode. The command (``qwen3-tts-edge speak``) and the benchmarks call
-this same path.
+this same path. A Base checkpoint speaks in a cloned voice (``clone``, ``load_voice``; ``vllm_omni.tts.voice``):
+its prompt comes from ``voice_prompt``, and an in-context voice's utterances start from the decoder state its
+reference codes leave, made once per voice.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -125,6 +127,8 @@ class Speech:
         self.sample_rate = ckpt.config.decoder.spec.sample_rate
         self.samples_per_frame = ckpt.config.decoder.spec.samples_per_frame
         self.last_stats = SpeechStats()
+        self._cloner = None
+        self._voices: dict[int, tuple[Any, Any]] = {}  # id(voice) -> (voice, the decoder state its reference leaves)
 
     @classmethod
     def load(cls, model_dir: str | Path, weights: str = "int4", threads: int | None = None,
@@ -148,21 +152,90 @@ class Speech:
     def languages(self) -> list[str]:
         return self.ckpt.config.supported_languages
 
-    def open(self, text: str, *, speaker: str | None = None, language: str | None = "auto",
+    @property
+    def cloner(self):
+        """The ``voice.Cloner`` of this checkpoint (a Base one), made on first use."""
+        if self._cloner is None:
+            from vllm_omni.tts.voice import Cloner
+
+            self._cloner = Cloner(self.ckpt)
+        return self._cloner
+
+    def clone(self, audio, ref_text: str | None = None, x_vector_only: bool = False):
+        """A ``Voice`` from reference audio (a path, a file's bytes or a ``ReferenceAudio``; ``voice.Cloner``)."""
+        from vllm_omni.tts.reference_audio import ReferenceAudio, read_reference
+
+        if not isinstance(audio, ReferenceAudio):
+            audio = read_reference(audio)
+        return self.cloner.clone(audio, ref_text, x_vector_only)
+
+    def load_voice(self, path: str | Path):
+        """A voice file made with this checkpoint (``voice.load_voice`` then ``voice.check_voice``)."""
+        from vllm_omni.tts.voice import check_voice, load_voice
+
+        voice = load_voice(path)
+        check_voice(voice, self.ckpt, self.cloner.fingerprint, where=str(path))
+        return voice
+
+    def _voice_state(self, voice) -> Any:
+        """The decoder state an ICL voice's reference codes leave (their audio is never emitted), made once per
+        voice; a fresh state for an x-vector voice."""
+        known = self._voices.get(id(voice))
+        if known is not None and known[0] is voice:
+            return known[1]
+        dec = self.decoder
+        if not voice.icl:
+            return dec.fresh_state()
+        current = dec.save_state()
+        dec.reset()
+        dec.push(voice.codes)
+        state = dec.save_state()
+        dec.load_state(current)
+        if len(self._voices) >= 16:
+            self._voices.pop(next(iter(self._voices)))
+        self._voices[id(voice)] = (voice, state)
+        return state
+
+    def open(self, text: str, *, speaker: str | None = None, voice=None, language: str | None = "auto",
              instruct: str | None = None, streaming_text: bool = True, greedy: bool | None = None, seed: int = 0,
              max_frames: int | None = None, chunk_frames: int = 4,
              stop: Callable[[], bool] | None = None) -> "Speaking":
         """One utterance ready to be stepped: its prompt (a ``PromptError`` names a bad parameter),
-        sampling, decoder state and chunk schedule (``stream`` steps one; a server steps several)."""
+        sampling, decoder state and chunk schedule (``stream`` steps one; a server steps several).
+        ``voice``: a cloned ``Voice`` (a Base checkpoint; ``clone`` or ``load_voice``) instead of a speaker."""
         start = time.perf_counter()
         chunk_frames = whole_number("chunk_frames", chunk_frames, 1, 1000)
         self.generator.fit_threads()  # the prompt's own PyTorch work runs on the free cores too
-        prompt = build_prompt(self.ckpt, text, speaker=speaker, language=language, instruct=instruct,
-                              streaming_text=streaming_text)
+        state = None
+        if voice is not None or self.ckpt.config.clones:
+            prompt, state = self._voice_prompt(text, speaker, voice, language, instruct, streaming_text)
+        else:
+            prompt = build_prompt(self.ckpt, text, speaker=speaker, language=language, instruct=instruct,
+                                  streaming_text=streaming_text)
         limit = self.ckpt.config.generation.max_new_tokens - 1
         max_frames = limit if max_frames is None else whole_number("max_frames", max_frames, 1)
         sampling = Sampling.from_checkpoint(self.ckpt, greedy=greedy, seed=seed)
-        return Speaking(self, prompt, sampling, max_frames, chunk_frames, start, stop)
+        return Speaking(self, prompt, sampling, max_frames, chunk_frames, start, stop, state)
+
+    def _voice_prompt(self, text, speaker, voice, language, instruct, streaming_text):
+        from vllm_omni.tts.prompt import PromptError
+        from vllm_omni.tts.voice_prompt import build_voice_prompt
+
+        cfg = self.ckpt.config
+        if not cfg.clones:
+            raise PromptError(f"voice: {cfg.family} speaks in its preset or described voices; cloned voices need a "
+                              "Base checkpoint", param="voice")
+        if speaker:
+            raise PromptError(f"speaker {speaker!r}: {cfg.family} has no preset speakers; it speaks in a cloned voice",
+                              param="speaker")
+        if instruct and instruct.strip():
+            raise PromptError(f"instruct: {cfg.family} takes no speaking instruction (the official code ignores it "
+                              "when cloning)", param="instruct")
+        if voice is None:
+            raise PromptError(f"{cfg.family} speaks in a voice cloned from reference audio: give a voice (a .voice "
+                              "file from `qwen3-tts-edge clone`) or the reference audio", param="voice")
+        prompt = build_voice_prompt(self.ckpt, text, voice, language=language, streaming_text=streaming_text)
+        return prompt, self._voice_state(voice)
 
     def stream(self, text: str, **kw) -> Iterator[AudioChunk]:
         """Yield the utterance's audio chunk by chunk; ``last_stats`` holds its timings afterwards.
@@ -199,12 +272,12 @@ class Speaking:
     state, swapped in around its own decoder calls."""
 
     def __init__(self, speech: Speech, prompt, sampling: Sampling, max_frames: int, chunk_frames: int,
-                 start: float, stop: Callable[[], bool] | None = None):
+                 start: float, stop: Callable[[], bool] | None = None, decoder_state=None):
         self.speech, self.prompt, self.sampling, self.max_frames = speech, prompt, sampling, max_frames
         self.start, self.stop = start, stop
         self.stats = SpeechStats()
         self.stats.prompt_ms = (time.perf_counter() - start) * 1e3
-        self.decoder_state = speech.decoder.fresh_state()
+        self.decoder_state = decoder_state if decoder_state is not None else speech.decoder.fresh_state()
         self._pending: list = []
         self._first = 0
         self._sizes = chunk_schedule(chunk_frames)

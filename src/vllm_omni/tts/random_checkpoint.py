@@ -5,7 +5,8 @@ values, so a checkpoint of the published shapes with random weights stands in fo
 in benchmarks and in the documented quick start. Tests shrink the layer counts. The files are
 the official ones -- ``config.json``, ``generation_config.json``, ``model.safetensors``, the text
 tokenizer (``vocab.json``, ``merges.txt``, ``tokenizer_config.json``), ``preprocessor_config.json``
-and ``speech_tokenizer/`` -- and the official ``qwen-tts`` loads them (a test does).
+and ``speech_tokenizer/`` (with the 12 Hz encoder and, in ``model.safetensors``, the speaker
+encoder for a Base checkpoint) -- and the official ``qwen-tts`` loads them (a test does).
 
 The text tokenizer is a byte-level BPE trained here on a few sentences (the real vocabulary is
 not reachable either), padded to the real vocabulary's size so that the special tokens sit at
@@ -20,7 +21,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from vllm_omni.tts.layout import decoder_shapes, talker_shapes
+from vllm_omni.tts.config import MIMI_DEFAULTS
+from vllm_omni.tts.layout import decoder_shapes, speaker_encoder_shapes, speech_encoder_shapes, talker_shapes
 
 SIZES = {  # talker shapes of the published checkpoints (reference sheet §1)
     "0.6B": {"size": "0b6", "hidden_size": 1024, "intermediate_size": 3072},
@@ -60,12 +62,23 @@ def _stack(layers: int, hidden: int, intermediate: int, theta: float, **extra: A
             **extra}
 
 
+MODEL_TYPES = ("custom_voice", "voice_design", "base")
+
+
 def checkpoint_configs(size: str = "0.6B", *, model_type: str = "custom_voice", talker_layers: int = 28,
                        predictor_layers: int = 5, decoder_layers: int = 8, text_hidden: int = 2048,
-                       decoder_dim: int = 1536, transformers_version: str = "4.57.3") -> dict[str, dict[str, Any]]:
-    """The JSON files of a checkpoint, by relative path; the defaults are the published shapes."""
+                       decoder_dim: int = 1536, encoder_layers: int = 8,
+                       transformers_version: str = "4.57.3") -> dict[str, dict[str, Any]]:
+    """The JSON files of a checkpoint, by relative path; the defaults are the published shapes.
+
+    A Base checkpoint (``model_type="base"``) has no named speakers, and a speaker encoder (its
+    config as published: the embedding's size and rate, the rest the official defaults) and the
+    speech tokenizer's 12 Hz encoder (``encoder_layers`` transformer layers; the other fields are
+    those of transformers' ``MimiConfig``, written out)."""
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; valid: {', '.join(SIZES)}")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"unknown model type {model_type!r}; valid: {', '.join(MODEL_TYPES)}")
     s = SIZES[size]
     predictor = _stack(predictor_layers, 1024, 3072, 1_000_000, vocab_size=2048, num_code_groups=16,
                        max_position_embeddings=65536, rope_scaling=None,
@@ -90,6 +103,8 @@ def checkpoint_configs(size: str = "0.6B", *, model_type: str = "custom_voice", 
         "tokenizer_type": "qwen3_tts_tokenizer_12hz", "tts_model_size": s["size"], "tts_model_type": model_type,
         "talker_config": talker, "transformers_version": transformers_version,
     }
+    if model_type == "base":
+        config["speaker_encoder_config"] = {"enc_dim": s["hidden_size"], "sample_rate": 24000}
     generation = {"do_sample": True, "repetition_penalty": 1.05, "temperature": 0.9, "top_p": 1.0, "top_k": 50,
                   "subtalker_dosample": True, "subtalker_temperature": 0.9, "subtalker_top_p": 1.0,
                   "subtalker_top_k": 50, "max_new_tokens": 8192}
@@ -103,8 +118,8 @@ def checkpoint_configs(size: str = "0.6B", *, model_type: str = "custom_voice", 
     speech = {"architectures": ["Qwen3TTSTokenizerV2Model"], "model_type": "qwen3_tts_tokenizer_12hz",
               "encoder_valid_num_quantizers": 16, "input_sample_rate": 24000, "output_sample_rate": 24000,
               "decode_upsample_rate": 1920, "encode_downsample_rate": 1920, "decoder_config": decoder,
-              "encoder_config": {"num_hidden_layers": 1, "num_quantizers": 32, "codebook_size": 2048,
-                                 "frame_rate": 12.5, "_frame_rate": 12.5},
+              "encoder_config": {**{k: v for k, v in MIMI_DEFAULTS.items() if v is not None},
+                                 "num_hidden_layers": encoder_layers, "_frame_rate": 12.5},
               "transformers_version": transformers_version}
     feature = {"feature_extractor_type": "EncodecFeatureExtractor",
                "feature_size": 1, "padding_side": "right", "padding_value": 0.0, "return_attention_mask": True,
@@ -185,8 +200,12 @@ def write_random_checkpoint(out: str | Path, size: str = "0.6B", *, seed: int = 
         write_configs(tmp, checkpoint_configs(size, **shape))
         write_tokenizer(tmp)
         cfg = load_config(tmp)
-        _write_tensors(tmp / "model.safetensors", talker_shapes(cfg), seed, dtype)
-        _write_tensors(tmp / "speech_tokenizer" / "model.safetensors", decoder_shapes(cfg.decoder), seed, dtype)
+        model, speech = talker_shapes(cfg), decoder_shapes(cfg.decoder)
+        if cfg.clones:
+            model.update(speaker_encoder_shapes(cfg.speaker_encoder))
+            speech.update(speech_encoder_shapes(cfg.speech_encoder))
+        _write_tensors(tmp / "model.safetensors", model, seed, dtype)
+        _write_tensors(tmp / "speech_tokenizer" / "model.safetensors", speech, seed, dtype)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

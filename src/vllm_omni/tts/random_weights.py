@@ -30,7 +30,7 @@ def generator(seed: int, name: str) -> torch.Generator:
 
 def _fan_in(name: str, shape: tuple[int, ...]) -> int:
     if len(shape) == 3 and ".upsample." in name and name.endswith(".0.conv.weight") or (
-            len(shape) == 3 and name.endswith(".block.1.conv.weight")):
+            len(shape) == 3 and name.startswith("decoder.") and name.endswith(".block.1.conv.weight")):
         return shape[0] * 2  # a transposed conv: each output sums C_in inputs over two taps
     n = 1
     for d in shape[1:]:
@@ -44,8 +44,10 @@ def init_tensor(name: str, shape: tuple[int, ...], seed: int = 0) -> Tensor:
     z = torch.randn(shape, generator=g, dtype=torch.float32)
     if name.endswith("cluster_usage"):
         return 0.5 + torch.rand(shape, generator=g)
-    if name.endswith("embedding_sum"):
+    if name.endswith(("embedding_sum", "embed_sum")):  # codebooks (the decoder's, the encoder's)
         return z
+    if name.endswith("codebook.initialized"):  # the encoder's codebooks are marked initialised
+        return torch.ones(shape)
     if name.endswith((".alpha", ".beta")):  # SnakeBeta, stored as logs
         return 0.2 * z
     if name.endswith("layer_scale.scale") or name.endswith(".gamma"):

@@ -36,6 +36,11 @@ def assistant_text(text: str) -> str:
     return f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
+def reference_text(text: str) -> str:
+    """What was said in a reference recording, as the official ``_build_ref_text`` wraps it (no next turn)."""
+    return f"<|im_start|>assistant\n{text}<|im_end|>\n"
+
+
 def instruct_text(instruct: str) -> str:
     """The official template around a speaking instruction (1.7B CustomVoice, VoiceDesign)."""
     return f"<|im_start|>user\n{instruct}<|im_end|>\n"

@@ -38,6 +38,19 @@ def official_python() -> Path:
     return exe
 
 
+def official_or_skip() -> Path:
+    """The official interpreter for a test module: a skip naming what is missing, or a failure where
+    ``$VLLM_OMNI_OFFICIAL_PYTHON`` asked for it (``make test`` does)."""
+    import pytest
+
+    try:
+        return official_python()
+    except OfficialUnavailable as exc:
+        if os.environ.get(ENV):
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+
+
 def run_side(*args: object, threads: int | None = None, timeout: float = 1800) -> subprocess.CompletedProcess:
     """Run ``qwen_tts_side.py`` with ``args`` in the official environment; RuntimeError with its output on failure."""
     env = dict(os.environ, PYTHONPATH=f"{STUBS}{os.pathsep}{SRC}", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")

@@ -7,6 +7,7 @@ official classes, and it runs the official tokenizer, generate and decode on one
 
     python qwen_tts_side.py write DIR CONFIGS.json SEED
     python qwen_tts_side.py run DIR REQUEST.json OUT.npz
+    python qwen_tts_side.py clone DIR REQUEST.json OUT.npz
     python qwen_tts_side.py bench DIR REQUEST.json OUT.json
 
 ``write`` instantiates ``Qwen3TTSForConditionalGeneration`` and ``Qwen3TTSTokenizerV2Model``
@@ -40,8 +41,9 @@ def write(root: Path, configs_path: Path, seed: int) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(init_tensor(name, tuple(p.shape), seed))
-        for name, p in speech.named_parameters():
-            if name.startswith("decoder."):
+        base = "speaker_encoder_config" in configs["config.json"]  # a Base checkpoint: its 12 Hz encoder too
+        for name, p in list(speech.named_parameters()) + list(speech.named_buffers()):
+            if name.startswith("decoder.") or (base and name.startswith("encoder.")):
                 p.copy_(init_tensor(name, tuple(p.shape), seed))
     root.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(root, safe_serialization=True)
@@ -83,6 +85,49 @@ def run(root: Path, request_path: Path, out_path: Path) -> None:
             wavs, sr = tts.model.speech_tokenizer.decode([{"audio_codes": torch.from_numpy(data[key])}])
             out[f"wav_{key}"] = np.asarray(wavs[0], dtype=np.float32)
             out["sample_rate"] = np.asarray(sr)
+    np.savez(out_path, **out)
+
+
+def clone(root: Path, request_path: Path, out_path: Path) -> None:
+    """Voice cloning as the official wrapper does it, with each intermediate kept: per reference, the
+    waveform ``librosa.load`` reads, the 24 kHz one the tokenizer and the speaker encoder take, the
+    mel, the speaker embedding and the reference codes; per request, the greedy codes of
+    ``model.generate`` (the call ``generate_voice_clone`` makes) and the audio ``generate_voice_clone``
+    returns (reference codes decoded in front, then cut)."""
+    import librosa
+    from qwen_tts import Qwen3TTSModel
+    from qwen_tts.core.models.modeling_qwen3_tts import mel_spectrogram
+
+    req = json.loads(request_path.read_text())
+    tts = Qwen3TTSModel.from_pretrained(str(root), device_map="cpu", dtype=torch.float32)
+    out: dict[str, np.ndarray] = {}
+    for i, ref in enumerate(req.get("references", [])):
+        wav, sr = tts._normalize_audio_inputs([ref["audio"]])[0]
+        wav24 = librosa.resample(y=wav.astype(np.float32), orig_sr=int(sr), target_sr=24000) if sr != 24000 else wav
+        out[f"ref_{i}_wav"], out[f"ref_{i}_sr"], out[f"ref_{i}_wav24"] = wav, np.asarray(sr), wav24
+        mel = mel_spectrogram(torch.from_numpy(wav24).unsqueeze(0), n_fft=1024, num_mels=128, sampling_rate=24000,
+                              hop_size=256, win_size=1024, fmin=0, fmax=12000)
+        out[f"ref_{i}_mel"] = mel[0].numpy()
+        out[f"ref_{i}_embedding"] = tts.model.extract_speaker_embedding(audio=wav24, sr=24000).float().numpy()
+        out[f"ref_{i}_codes"] = tts.model.speech_tokenizer.encode(wav, sr=sr).audio_codes[0].numpy().astype(np.int64)
+    for i, p in enumerate(req.get("prompts", [])):
+        items = tts.create_voice_clone_prompt(ref_audio=p["ref_audio"], ref_text=p.get("ref_text"),
+                                              x_vector_only_mode=p["x_vector_only"])
+        prompt = tts._prompt_items_to_voice_clone_prompt(items)
+        input_ids = tts._tokenize_texts([tts._build_assistant_text(p["text"])])
+        ref_ids = [tts._tokenize_texts([tts._build_ref_text(it.ref_text)])[0] if it.ref_text else None for it in items]
+        kwargs = tts._merge_generate_kwargs(do_sample=False, subtalker_dosample=False, max_new_tokens=p["max_new_tokens"])
+        codes, _ = tts.model.generate(input_ids=input_ids, ref_ids=ref_ids, voice_clone_prompt=prompt,
+                                      languages=[p["language"]], non_streaming_mode=p["non_streaming_mode"], **kwargs)
+        out[f"codes_{i}"] = codes[0].numpy().astype(np.int64)
+        if len(codes[0]):
+            wavs, _ = tts.generate_voice_clone(text=p["text"], language=p["language"], voice_clone_prompt=items,
+                                               non_streaming_mode=p["non_streaming_mode"], do_sample=False,
+                                               subtalker_dosample=False, max_new_tokens=p["max_new_tokens"])
+            out[f"wav_{i}"] = np.asarray(wavs[0], dtype=np.float32)
+    import soxr
+
+    out["soxr_version"] = np.asarray(soxr.__version__)
     np.savez(out_path, **out)
 
 
@@ -131,6 +176,8 @@ if __name__ == "__main__":
         write(Path(args[0]), Path(args[1]), int(args[2]))
     elif cmd == "run":
         run(Path(args[0]), Path(args[1]), Path(args[2]))
+    elif cmd == "clone":
+        clone(Path(args[0]), Path(args[1]), Path(args[2]))
     elif cmd == "bench":
         bench(Path(args[0]), Path(args[1]), Path(args[2]))
     else:

@@ -1,4 +1,6 @@
-"""The HTTP face: an OpenAI-compatible ``/v1/audio/speech``, ``/v1/models`` and ``/health`` (FastAPI).
+"""The HTTP face: an OpenAI-compatible ``/v1/audio/speech``, ``/v1/models`` and ``/health`` (FastAPI),
+and for a Base checkpoint the saved voices (``GET``/``POST /v1/audio/voices``,
+``DELETE /v1/audio/voices/{name}``, ``server.voices``).
 
 Why the first audio event is awaited before the response starts: until then a failure (a
 prompt the checkpoint refuses, a timeout in the queue) can still be an HTTP status with a JSON
@@ -13,26 +15,34 @@ import asyncio
 import hmac
 import json
 import time
+from pathlib import Path
 from typing import Any, AsyncIterator
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from vllm_omni.tts.prompt import PromptError, resolve_language, resolve_speaker
+from vllm_omni.tts.reference_audio import ReferenceAudioError, read_reference
 from vllm_omni.tts.server.engine import Busy, Job, SpeechEngine, Timeout
-from vllm_omni.tts.server.protocol import MEDIA_TYPES, RequestError, parse_request
+from vllm_omni.tts.server.protocol import MEDIA_TYPES, TASK_TYPES, RequestError, SpeechRequest, parse_request
+from vllm_omni.tts.server.voices import MAX_UPLOAD_BYTES, VoiceRegistry, check_name, decode_reference
+from vllm_omni.tts.voice import VoiceError
 
 
 def _error(exc: RequestError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
-def create_app(engine: SpeechEngine, *, model_id: str, api_key: str | None = None) -> FastAPI:
-    """The FastAPI application serving ``engine``'s checkpoint under the name ``model_id``."""
+def create_app(engine: SpeechEngine, *, model_id: str, api_key: str | None = None, voices: Path | None = None,
+               allowed_local_media: Path | None = None) -> FastAPI:
+    """The FastAPI application serving ``engine``'s checkpoint under the name ``model_id``; a Base checkpoint's
+    saved voices live in ``voices`` (``server.voices``), and requests may name reference files only inside
+    ``allowed_local_media``."""
     from vllm_omni.tts.wav import UNKNOWN_SIZE, header, pcm16
 
     speech = engine.speech
     cfg = speech.ckpt.config
+    registry = VoiceRegistry(speech, voices) if cfg.clones else None
     rate = speech.sample_rate
     created = int(time.time())
     app = FastAPI(title="qwen3-tts-edge", version="1", docs_url=None, redoc_url=None)
@@ -74,16 +84,12 @@ def create_app(engine: SpeechEngine, *, model_id: str, api_key: str | None = Non
             if req.model != model_id:
                 raise RequestError(404, f"model: {req.model!r} is not served here; this server serves {model_id!r}",
                                    param="model", code="model_not_found")
-            try:
-                speaker = resolve_speaker(cfg, req.voice)
-                resolve_language(cfg, req.language, speaker)
-            except PromptError as exc:
-                raise _prompt_error(exc) from None
+            speaker, voice, clone = _who_speaks(cfg, req, registry, allowed_local_media)
             loop = asyncio.get_running_loop()
             events: asyncio.Queue = asyncio.Queue()
             job = Job(req.input, speaker, req.language, req.instructions,
                       events=lambda kind, value: loop.call_soon_threadsafe(events.put_nowait, (kind, value)),
-                      deadline=time.monotonic() + engine.timeout_s, seed=req.seed)
+                      deadline=time.monotonic() + engine.timeout_s, seed=req.seed, voice=voice, clone=clone)
             try:
                 engine.submit(job)
             except Busy as exc:
@@ -131,7 +137,98 @@ def create_app(engine: SpeechEngine, *, model_id: str, api_key: str | None = Non
 
         return StreamingResponse(body(), media_type=MEDIA_TYPES[fmt], headers=headers)
 
+    @app.get("/v1/audio/voices", dependencies=keyed)
+    async def list_voices() -> dict[str, Any]:
+        """The voices a request can name: the saved ones (Base), or the preset speakers."""
+        if registry is None:
+            data = [{"id": n, "object": "audio.voice", "name": n, "kind": "preset"} for n in sorted(cfg.speakers)]
+        else:
+            data = [registry.describe(n) for n in registry.names()]
+        return {"object": "list", "data": data, "voices": [{"id": v["id"], "name": v["name"]} for v in data]}
+
+    @app.post("/v1/audio/voices", dependencies=keyed)
+    async def add_voice(name: str = Form(...), audio_sample: UploadFile = File(...), ref_text: str | None = Form(None),
+                        x_vector_only_mode: bool | None = Form(None)):
+        """Clone ``audio_sample`` and save it as ``name``: in context with ``ref_text``, else from the speaker
+        embedding alone (or as ``x_vector_only_mode`` says)."""
+        try:
+            if registry is None:
+                raise RequestError(400, f"{cfg.family} speaks in preset or described voices; voices are cloned with a "
+                                        "Base checkpoint", param="audio_sample")
+            check_name(name)
+            data = await audio_sample.read(MAX_UPLOAD_BYTES + 1)
+            if len(data) > MAX_UPLOAD_BYTES:
+                raise RequestError(413, f"audio_sample: more than {MAX_UPLOAD_BYTES // 2**20} MiB; send a shorter "
+                                        "recording", param="audio_sample")
+            audio = read_reference(data, name=f"audio_sample {audio_sample.filename or ''}".strip(),
+                                   param="audio_sample")
+            x_vector_only = not (ref_text and ref_text.strip()) if x_vector_only_mode is None else x_vector_only_mode
+            if registry.get(name) is not None:
+                raise VoiceError(f"name: a voice named {name!r} exists; delete it first", param="name")
+            voice = await asyncio.wrap_future(engine.call(lambda sp: sp.clone(audio, ref_text, x_vector_only)))
+            return registry.add(name, voice)
+        except (VoiceError, ReferenceAudioError) as exc:
+            return _error(RequestError(400, str(exc), param=exc.param))
+        except RequestError as exc:
+            return _error(exc)
+
+    @app.delete("/v1/audio/voices/{name}", dependencies=keyed)
+    async def delete_voice(name: str):
+        try:
+            check_name(name)
+        except VoiceError as exc:
+            return _error(RequestError(400, str(exc), param="name"))
+        if registry is None or not registry.delete(name):
+            return _error(RequestError(404, f"no saved voice named {name!r}", param="name", code="voice_not_found"))
+        return {"id": name, "object": "audio.voice", "deleted": True}
+
     return app
+
+
+def _who_speaks(cfg, req: SpeechRequest, registry: VoiceRegistry | None, allowed_local_media: Path | None):
+    """(speaker, voice, clone) of a request, every refusal naming its field (see the module doc)."""
+    name = req.voice_name
+    if req.task_type is not None and TASK_TYPES[req.task_type] != cfg.model_type:
+        raise RequestError(400, f"task_type: {req.task_type!r}, but this server speaks with {cfg.family}",
+                           param="task_type")
+    if not cfg.clones:
+        for field in ("ref_audio", "ref_text", "x_vector_only_mode"):
+            if getattr(req, field):
+                raise RequestError(400, f"{field}: {cfg.family} speaks in its preset or described voices; cloning "
+                                        "needs a Base checkpoint", param=field)
+        try:
+            speaker = resolve_speaker(cfg, name)
+            resolve_language(cfg, req.language, speaker)
+        except PromptError as exc:
+            raise _prompt_error(exc) from None
+        return speaker, None, None
+    try:
+        resolve_language(cfg, req.language, None)
+    except PromptError as exc:
+        raise _prompt_error(exc) from None
+    if req.instructions:
+        raise RequestError(400, f"instructions: {cfg.family} takes no speaking instruction when cloning",
+                           param="instructions")
+    if req.ref_audio is not None:
+        if name:
+            raise RequestError(400, "voice: give a saved voice or ref_audio, not both", param="voice")
+        if not req.x_vector_only_mode and not (req.ref_text and req.ref_text.strip()):
+            raise RequestError(400, "ref_text: required to clone in context (what is said in ref_audio); or set "
+                                    "x_vector_only_mode", param="ref_text")
+        try:
+            audio = decode_reference(req.ref_audio, allowed_local_media)
+        except ReferenceAudioError as exc:
+            raise RequestError(400, str(exc), param="ref_audio") from None
+        return None, None, (audio, req.ref_text, req.x_vector_only_mode)
+    if req.ref_text or req.x_vector_only_mode:
+        field = "ref_text" if req.ref_text else "x_vector_only_mode"
+        raise RequestError(400, f"{field}: goes with ref_audio; a saved voice holds its reference", param=field)
+    voice = registry.get(name) if name else None
+    if voice is None:
+        saved = ", ".join(registry.names()) or "none yet (POST /v1/audio/voices adds one)"
+        what = f"voice: no saved voice named {name!r}" if name else f"voice: {cfg.family} speaks in a cloned voice"
+        raise RequestError(400, f"{what}; give a saved voice (saved: {saved}) or ref_audio", param="voice")
+    return None, voice, None
 
 
 async def _next_event(events: asyncio.Queue, request: Request, job: Job, poll_s: float = 0.5):
@@ -149,7 +246,8 @@ async def _next_event(events: asyncio.Queue, request: Request, job: Job, poll_s:
 
 
 # The prompt's parameter names (PromptError.param) as the request's fields.
-WIRE_FIELDS = {"text": "input", "speaker": "voice", "language": "language", "instruct": "instructions"}
+WIRE_FIELDS = {"text": "input", "speaker": "voice", "language": "language", "instruct": "instructions", "voice": "voice",
+               "ref_text": "ref_text", "ref_audio": "ref_audio"}
 
 
 def _prompt_error(exc: PromptError) -> RequestError:
@@ -162,6 +260,8 @@ def _as_request_error(exc: Exception) -> RequestError:
     """What the engine reported before the first audio, as an HTTP error."""
     if isinstance(exc, PromptError):
         return _prompt_error(exc)
+    if isinstance(exc, (VoiceError, ReferenceAudioError)):
+        return RequestError(400, str(exc), param=WIRE_FIELDS.get(exc.param, exc.param))
     if isinstance(exc, Timeout):
         return RequestError(504, str(exc), kind="timeout_error", code="timeout")
     if isinstance(exc, ValueError):

@@ -22,6 +22,10 @@ and the worker's steps start a second; on the development host (Zen 4, 2 cores) 
 predictor then ran 1.3 to 1.5 times slower than in one thread that both loaded and stepped.
 ``qwen3-tts-edge serve`` loads in the worker.
 
+A cloned voice rides in ``Job.voice``; a request that brings its own reference audio is cloned
+in the worker when it starts (``Job.clone``), and anything else that needs the model, such as
+saving a voice, runs there too between two steps (``call``).
+
 Events reach the caller through ``Job.events``, a callable the worker calls from its thread with
 ``("audio", AudioChunk)``, then ``("end", SpeechStats)`` or ``("error", exception)``.
 """
@@ -31,6 +35,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -58,6 +63,8 @@ class Job:
     events: Callable[[str, Any], None]
     deadline: float  # time.monotonic() by which the request must be done
     seed: int = 0
+    voice: Any = None  # a cloned voice (a Base checkpoint's saved voice)
+    clone: Any = None  # (ReferenceAudio, ref_text, x_vector_only): cloned in the worker when the job starts
     cancelled: threading.Event = field(default_factory=threading.Event)
     started: float | None = None
     speaking: Any = None  # pipeline.Speaking, once started
@@ -93,6 +100,7 @@ class SpeechEngine:
         self._queue: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._running: list[Job] = []
+        self._calls: collections.deque[tuple[Callable[[Any], Any], Future]] = collections.deque()
         self._closed = False
         self._recent_s: collections.deque[float] = collections.deque(maxlen=8)  # wall time of finished requests
         self.served = self.failed = self.rejected = self.cancelled = 0
@@ -133,6 +141,29 @@ class SpeechEngine:
             self._queue.append(job)
             self._cond.notify()
 
+    def call(self, fn: Callable[[Any], Any]) -> Future:
+        """Run ``fn(speech)`` in the worker between two steps (cloning a voice: the worker owns the model and its
+        threads); its result or exception comes through the returned future."""
+        future: Future = Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the engine is shut down")
+            self._calls.append((fn, future))
+            self._cond.notify()
+        return future
+
+    def _run_calls(self) -> None:
+        while True:
+            with self._cond:
+                if not self._calls:
+                    return
+                fn, future = self._calls.popleft()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(self.speech))
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    future.set_exception(exc)
+
     def _retry_after(self, ahead: int) -> int:
         typical = sorted(self._recent_s)[len(self._recent_s) // 2] if self._recent_s else 5.0
         return max(1, round(typical * ahead / self.max_streams))
@@ -149,6 +180,9 @@ class SpeechEngine:
             self._closed = True
             for job in list(self._queue) + self._running:
                 job.cancel()
+            for _, future in self._calls:
+                future.cancel()
+            self._calls.clear()
             self._cond.notify_all()
         self._thread.join(wait_s)
 
@@ -157,7 +191,7 @@ class SpeechEngine:
     def _admit(self) -> list[Job] | None:
         """Move waiting jobs into the free places (waiting while there is nothing to do); None: closed."""
         with self._cond:
-            while not self._queue and not self._running and not self._closed:
+            while not self._queue and not self._running and not self._calls and not self._closed:
                 self._cond.wait()
             if self._closed and not self._queue and not self._running:
                 return None
@@ -175,6 +209,7 @@ class SpeechEngine:
             new = self._admit()
             if new is None:
                 return
+            self._run_calls()
             for job in new:
                 self._begin(job)
             for job in list(self._running):
@@ -217,7 +252,10 @@ class SpeechEngine:
             return
         job.started = time.monotonic()
         try:
-            job.speaking = self.speech.open(job.text, speaker=job.speaker, language=job.language,
+            if job.clone is not None:  # a request that brought its reference: cloned here, in the worker
+                audio, ref_text, x_vector_only = job.clone
+                job.voice = self.speech.clone(audio, ref_text, x_vector_only)
+            job.speaking = self.speech.open(job.text, speaker=job.speaker, voice=job.voice, language=job.language,
                                             instruct=job.instruct, seed=job.seed, max_frames=self.max_frames,
                                             stop=job.should_stop)
             sp = job.speaking

@@ -1,8 +1,10 @@
 """The wire format: OpenAI's ``POST /v1/audio/speech`` request, its errors, and the audio bytes.
 
-The request takes OpenAI's fields (``model``, ``input``, ``voice``, ``instructions``,
-``response_format``, ``speed``, ``stream_format``) and three of this server's own: ``stream``
-(send audio as it is decoded), ``language`` (the checkpoint's names, or auto) and ``seed``.
+The request takes OpenAI's fields (``model``, ``input``, ``voice`` -- a name, or ``{"id": NAME}``
+--, ``instructions``, ``response_format``, ``speed``, ``stream_format``), three of this server's
+own: ``stream`` (send audio as it is decoded), ``language`` (the checkpoint's names, or auto) and
+``seed``, and vLLM-Omni's for cloning with a Base checkpoint: ``task_type``, ``ref_audio``,
+``ref_text`` and ``x_vector_only_mode``.
 Validation is strict and every refusal names its field, in OpenAI's error shape
 ``{"error": {"message", "type", "param", "code"}}``, so an OpenAI client shows it as it shows
 OpenAI's own. Audio is 24 kHz mono 16-bit: ``wav`` (a complete file; streamed, its size fields
@@ -20,12 +22,23 @@ FORMATS = tuple(MEDIA_TYPES)
 MAX_INPUT_CHARS = 4096  # OpenAI's limit for this endpoint
 
 
+TASK_TYPES = {"CustomVoice": "custom_voice", "VoiceDesign": "voice_design", "Base": "base"}
+
+
+class VoiceId(BaseModel):
+    """OpenAI's custom-voice form of ``voice``: ``{"id": NAME}``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str
+
+
 class SpeechRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str
     input: str = Field(max_length=MAX_INPUT_CHARS)
-    voice: str | None = None
+    voice: str | VoiceId | None = None
     instructions: str | None = None
     response_format: str = "wav"
     speed: float = 1.0
@@ -33,6 +46,15 @@ class SpeechRequest(BaseModel):
     stream: bool = False
     language: str = "auto"
     seed: int = Field(default=0, ge=0, lt=2**63)
+    # vLLM-Omni's fields for Qwen3-TTS's Base checkpoints: clone from a reference in the request
+    task_type: Literal["CustomVoice", "VoiceDesign", "Base"] | None = None
+    ref_audio: str | None = None
+    ref_text: str | None = Field(default=None, max_length=MAX_INPUT_CHARS)
+    x_vector_only_mode: bool = False
+
+    @property
+    def voice_name(self) -> str | None:
+        return self.voice.id if isinstance(self.voice, VoiceId) else self.voice
 
 
 class RequestError(Exception):
