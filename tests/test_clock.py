@@ -49,5 +49,5 @@ def test_which_subcommands_record_the_clock():
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     timed = {name for name, p in sub.choices.items() if p.get_default("core_clock")}
-    assert timed == {"batch-steps", "bandwidth", "busy-cores", "decoder-split", "engines", "frame", "gemv", "llamacpp", "placement", "predictor", "sampler",
+    assert timed == {"batch-steps", "bandwidth", "busy-cores", "clone", "decoder-split", "engines", "frame", "gemv", "llamacpp", "placement", "predictor", "sampler",
                      "serve-load", "speak", "talker", "vllm-inprocess", "vllm-two-engines"}

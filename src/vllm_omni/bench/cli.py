@@ -39,6 +39,7 @@ SUBCOMMAND_MODULES = (
     "batch-steps",
     "decoder-split",
     "busy-cores",
+    "clone",
 )
 
 

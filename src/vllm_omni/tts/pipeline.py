@@ -177,9 +177,10 @@ class Speech:
         check_voice(voice, self.ckpt, self.cloner.fingerprint, where=str(path))
         return voice
 
-    def _voice_state(self, voice) -> Any:
-        """The decoder state an ICL voice's reference codes leave (their audio is never emitted), made once per
-        voice; a fresh state for an x-vector voice."""
+    def prepare_voice(self, voice) -> Any:
+        """The decoder state an utterance in ``voice`` starts from: for an in-context voice, the state its
+        reference codes leave (decoded once per voice, their audio never emitted; ``open`` calls this, a server
+        may call it ahead), else a fresh one."""
         known = self._voices.get(id(voice))
         if known is not None and known[0] is voice:
             return known[1]
@@ -235,7 +236,7 @@ class Speech:
             raise PromptError(f"{cfg.family} speaks in a voice cloned from reference audio: give a voice (a .voice "
                               "file from `qwen3-tts-edge clone`) or the reference audio", param="voice")
         prompt = build_voice_prompt(self.ckpt, text, voice, language=language, streaming_text=streaming_text)
-        return prompt, self._voice_state(voice)
+        return prompt, self.prepare_voice(voice)
 
     def stream(self, text: str, **kw) -> Iterator[AudioChunk]:
         """Yield the utterance's audio chunk by chunk; ``last_stats`` holds its timings afterwards.

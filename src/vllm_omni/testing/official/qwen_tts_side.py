@@ -9,6 +9,7 @@ official classes, and it runs the official tokenizer, generate and decode on one
     python qwen_tts_side.py run DIR REQUEST.json OUT.npz
     python qwen_tts_side.py clone DIR REQUEST.json OUT.npz
     python qwen_tts_side.py bench DIR REQUEST.json OUT.json
+    python qwen_tts_side.py bench_clone DIR REQUEST.json OUT.json
 
 ``write`` instantiates ``Qwen3TTSForConditionalGeneration`` and ``Qwen3TTSTokenizerV2Model``
 from the given configs, sets every parameter by name from ``vllm_omni.tts.random_weights`` (the
@@ -142,12 +143,7 @@ def bench(root: Path, request_path: Path, out_path: Path) -> None:
 
     tts = Qwen3TTSModel.from_pretrained(str(root), device_map="cpu", dtype=torch.float32)
     out = {"load_s": time.perf_counter() - t0, "threads": torch.get_num_threads(), "runs": [],
-           "versions": {"torch": torch.__version__}}
-    import qwen_tts
-    import transformers
-
-    out["versions"].update({"transformers": transformers.__version__,
-                            "qwen_tts": getattr(qwen_tts, "__version__", None) or "0.1.1"})
+           "versions": _versions()}
     for p in req["prompts"]:
         for _ in range(int(req.get("repeats", 1))):
             t1 = time.perf_counter()
@@ -170,6 +166,44 @@ def bench(root: Path, request_path: Path, out_path: Path) -> None:
     out_path.write_text(json.dumps(out))
 
 
+def bench_clone(root: Path, request_path: Path, out_path: Path) -> None:
+    """Wall times of the official cloning (fp32, CPU), for the benchmark: per mode and repeat,
+    ``create_voice_clone_prompt`` on the reference file, then ``generate_voice_clone`` with that prompt
+    (sampled, as its defaults say), its decode and cut included."""
+    import time
+
+    req = json.loads(request_path.read_text())
+    torch.set_num_threads(int(req["threads"]))
+    t0 = time.perf_counter()
+    from qwen_tts import Qwen3TTSModel
+
+    tts = Qwen3TTSModel.from_pretrained(str(root), device_map="cpu", dtype=torch.float32)
+    out = {"load_s": time.perf_counter() - t0, "threads": torch.get_num_threads(), "runs": [],
+           "versions": _versions()}
+    for mode in ("x_vector", "icl"):
+        xv = mode == "x_vector"
+        tts.create_voice_clone_prompt(ref_audio=req["reference"], ref_text=req["ref_text"], x_vector_only_mode=xv)
+        for _ in range(int(req.get("repeats", 1))):
+            t1 = time.perf_counter()
+            items = tts.create_voice_clone_prompt(ref_audio=req["reference"], ref_text=req["ref_text"],
+                                                  x_vector_only_mode=xv)
+            t2 = time.perf_counter()
+            wavs, _ = tts.generate_voice_clone(text=req["text"], language=req["language"], voice_clone_prompt=items,
+                                               max_new_tokens=int(req["max_new_tokens"]))
+            t3 = time.perf_counter()
+            out["runs"].append({"mode": mode, "prompt_s": t2 - t1, "generate_s": t3 - t2,
+                                "frames": round(len(wavs[0]) / 1920)})
+    out_path.write_text(json.dumps(out))
+
+
+def _versions() -> dict[str, str]:
+    import qwen_tts
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "qwen_tts": getattr(qwen_tts, "__version__", None) or "0.1.1"}
+
+
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
     if cmd == "write":
@@ -178,6 +212,8 @@ if __name__ == "__main__":
         run(Path(args[0]), Path(args[1]), Path(args[2]))
     elif cmd == "clone":
         clone(Path(args[0]), Path(args[1]), Path(args[2]))
+    elif cmd == "bench_clone":
+        bench_clone(Path(args[0]), Path(args[1]), Path(args[2]))
     elif cmd == "bench":
         bench(Path(args[0]), Path(args[1]), Path(args[2]))
     else:
