@@ -192,6 +192,21 @@ def test_a_primed_stream_is_the_tail_of_one_whole_decode(speech, voice):
     assert np.abs(ours - whole[voice.codes.shape[0] * 1920:]).max() < 1e-4
 
 
+def test_priming_equals_pushing_every_reference_frame(speech):
+    from vllm_omni.tts.decoder import StreamingDecoder
+
+    ck = speech.ckpt
+    dec = StreamingDecoder(ck.decoder, ck.config.decoder)
+    g = torch.Generator().manual_seed(0)
+    ref, new = torch.randint(0, 2048, (60, 16), generator=g), torch.randint(0, 2048, (6, 16), generator=g)
+    assert 3 < dec.conv_reach_frames() < 20
+    whole = dec.decode(torch.cat([ref, new]))[60 * 1920:]
+    dec.reset()
+    dec.prime(ref)
+    assert dec.position == 60
+    assert torch.abs(torch.cat([dec.push(new[:1]), dec.push(new[1:])]) - whole).max() < 1e-4
+
+
 def _codes(speech, voice):
     s = speech.open("Hello there, this is me.", voice=voice, greedy=True, max_frames=6)
     return list(speech.generator.generate(s.prompt, s.sampling, max_frames=6))

@@ -155,7 +155,7 @@ def test_cloned_greedy_codes_and_audio_equal_the_official(base, refs, i):
     official_wav = res[f"wav_{i}"]
     if voice.icl:
         ref_frames, total = voice.codes.shape[0], voice.codes.shape[0] + len(ours)
-        dec.push(voice.codes)  # primed: the reference's audio is never emitted
+        dec.prime(voice.codes)  # primed as a voice is (Speech.prepare_voice): the reference's audio is never made
         cut = int(ref_frames / total * total * 1920)  # where the official output starts
         start = ref_frames * 1920
         assert cut in (start, start - 1)

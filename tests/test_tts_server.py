@@ -134,6 +134,10 @@ def test_a_streamed_wav_says_until_the_end_and_holds_whole_frames(shared):
     ({"colour": "blue"}, 400, "colour", "unknown field"),
     ({"stream": "yes"}, 400, "stream", "boolean"),
     ({"model": "tts-1"}, 404, "model", "serves 'tiny'"),
+    ({"ref_audio": "data:audio/wav;base64,AAAA"}, 400, "ref_audio", "cloning needs a Base checkpoint"),
+    ({"x_vector_only_mode": True}, 400, "x_vector_only_mode", "cloning needs a Base checkpoint"),
+    ({"task_type": "Base"}, 400, "task_type", "speaks with Qwen3-TTS-12Hz-0.6B-CustomVoice"),
+    ({"voice": {"id": "nobody"}}, 400, "voice", "valid: "),
 ])
 def test_bad_requests_get_a_json_error_naming_the_field(shared, body, status, param, match):
     base, engine = shared
@@ -142,6 +146,15 @@ def test_bad_requests_get_a_json_error_naming_the_field(shared, body, status, pa
     err = r.json()["error"]
     assert r.status_code == status and err["param"] == param and match in err["message"]
     assert engine.status()["served"] == before["served"] and engine.status()["failed"] == before["failed"]
+
+
+def test_the_voices_of_a_customvoice_checkpoint_are_its_speakers_and_none_can_be_added(shared):
+    base, _ = shared
+    listed = httpx.get(f"{base}/v1/audio/voices").json()
+    assert "ryan" in [v["id"] for v in listed["voices"]] and all(v["kind"] == "preset" for v in listed["data"])
+    r = httpx.post(f"{base}/v1/audio/voices", data={"name": "me"}, files={"audio_sample": ("a.wav", b"x", "audio/wav")})
+    assert r.status_code == 400 and "cloned with a Base checkpoint" in r.json()["error"]["message"]
+    assert httpx.delete(f"{base}/v1/audio/voices/ryan").status_code == 404
 
 
 def test_malformed_json_and_a_missing_field(shared):

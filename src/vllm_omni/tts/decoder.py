@@ -30,6 +30,7 @@ so it equals this decoder up to 300 frames and only approximately after.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -464,6 +465,45 @@ class StreamingDecoder:
             gate, up = layer["gate_up"](m).chunk(2, -1)
             h = h + layer["mlp_scale"] * layer["down"](F.silu(gate) * up)
         return self.out_proj(_rms(h, self.final_norm, dc.rms_eps))
+
+    def conv_reach_frames(self) -> float:
+        """How many frames back the layers after the transformer see: each causal conv's tail and each
+        transposed conv's carry, over the samples a frame has at that layer. Their state after a push
+        depends on no earlier frame than this (``prime``)."""
+        s = self.dc.spec
+        rate, reach = 1, 0.0
+        for up, factor in zip(self.upsample, s.upsampling_ratios):
+            reach += up["tconv"].over / (rate * factor)
+            rate *= factor
+            reach += up["dw"].tail / rate
+        reach += self.conv_in.tail / rate
+        for (_, tconv, units), stride in zip(self.blocks, s.upsample_rates):
+            rate *= stride
+            reach += tconv.over / rate + sum(conv1.tail + conv2.tail for _, conv1, _, conv2 in units) / rate
+        return reach + self.conv_out.tail / rate
+
+    @torch.inference_mode()
+    def prime(self, codes: Tensor, chunk: int = 16) -> None:
+        """Leave the state that pushing ``codes`` would leave, without making their audio (a cloned voice's
+        reference codes before its new frames). The codebooks, pre-conv and transformer take every frame,
+        ``chunk`` at a time: the transformer's window reaches far back. The layers after it take only the
+        last frames beyond their reach (``conv_reach_frames``, with as many again to spare): their state
+        depends on nothing earlier, and those are most of the work."""
+        codes = torch.as_tensor(codes, dtype=torch.int64).clamp(min=0)
+        keep = 2 * math.ceil(self.conv_reach_frames()) + 1
+        n = codes.shape[0]
+        if n <= keep:
+            for a in range(0, n, chunk):
+                self.push(codes[a:a + chunk])
+            return
+        hidden = []
+        for a in range(0, n, chunk):
+            part = codes[a:a + chunk]
+            hidden.append(self._transformer(self._latent(part).T).T)
+            self.position += part.shape[0]
+        x = torch.cat(hidden, 1)[:, -keep:]
+        for _, stage in self._stages()[2:]:
+            x = stage(x)
 
     def decode(self, codes: Tensor) -> Tensor:
         """A whole utterance in one call, from a fresh state."""

@@ -189,7 +189,7 @@ class Speech:
             return dec.fresh_state()
         current = dec.save_state()
         dec.reset()
-        dec.push(voice.codes)
+        dec.prime(voice.codes)
         state = dec.save_state()
         dec.load_state(current)
         if len(self._voices) >= 16:

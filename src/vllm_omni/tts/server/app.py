@@ -43,6 +43,8 @@ def create_app(engine: SpeechEngine, *, model_id: str, api_key: str | None = Non
     speech = engine.speech
     cfg = speech.ckpt.config
     registry = VoiceRegistry(speech, voices) if cfg.clones else None
+    for name in registry.names() if registry is not None else []:  # primed in the worker, ahead of the first request
+        engine.call(lambda sp, v=registry.get(name): sp.prepare_voice(v))
     rate = speech.sample_rate
     created = int(time.time())
     app = FastAPI(title="qwen3-tts-edge", version="1", docs_url=None, redoc_url=None)
@@ -165,7 +167,12 @@ def create_app(engine: SpeechEngine, *, model_id: str, api_key: str | None = Non
             x_vector_only = not (ref_text and ref_text.strip()) if x_vector_only_mode is None else x_vector_only_mode
             if registry.get(name) is not None:
                 raise VoiceError(f"name: a voice named {name!r} exists; delete it first", param="name")
-            voice = await asyncio.wrap_future(engine.call(lambda sp: sp.clone(audio, ref_text, x_vector_only)))
+            def make(sp):
+                voice = sp.clone(audio, ref_text, x_vector_only)
+                sp.prepare_voice(voice)  # ready before its first request
+                return voice
+
+            voice = await asyncio.wrap_future(engine.call(make))
             return registry.add(name, voice)
         except (VoiceError, ReferenceAudioError) as exc:
             return _error(RequestError(400, str(exc), param=exc.param))
