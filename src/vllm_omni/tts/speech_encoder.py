@@ -34,6 +34,7 @@ from vllm_omni.tts.config import SpeechEncoderConfig
 from vllm_omni.tts.layout import seanet_layers
 
 PREFIX = "encoder"
+CHUNK = 24 * 1920  # samples a SEANet pass takes (1.92 s): a whole number of every stride's product
 
 
 def _causal(x: Tensor, w: Tensor, b: Tensor | None, stride: int = 1, dilation: int = 1,
@@ -72,22 +73,43 @@ class SpeechEncoder:
                                     for j in range(n)]
 
     def _seanet(self, x: Tensor) -> Tensor:
+        """[1, 1, N] -> [1, hidden, ceil(N / hop)], ``CHUNK`` samples at a time: each convolution keeps the tail
+        of its input that its next window reaches back into (zeros at the start, Mimi's left padding) and
+        the last chunk is zero-padded to a whole stride, so the output is the whole-signal pass's. In
+        pieces, no layer's output is the hundreds of megabytes that 64 channels at 24 kHz make for a
+        whole reference, which the allocator would otherwise map and fault in anew on every call."""
+        history: dict[str, Tensor] = {}
+        n = x.shape[-1]
+        return torch.cat([self._seanet_chunk(x[..., a:a + CHUNK], history, a + CHUNK >= n)
+                          for a in range(0, n, CHUNK)], -1)
+
+    def _seanet_chunk(self, x: Tensor, history: dict[str, Tensor], last: bool) -> Tensor:
         cfg, w, p = self.cfg, self.w, f"{PREFIX}.encoder.layers"
         strides = list(reversed(cfg.ratios))
         down = 0
+
+        def conv(x: Tensor, name: str, stride: int = 1, dilation: int = 1) -> Tensor:
+            weight = w[f"{name}.weight"]
+            left = (weight.shape[-1] - 1) * dilation + 1 - stride
+            full = torch.cat([history.get(name, x.new_zeros(x.shape[0], x.shape[1], left)), x], -1)
+            if left:
+                history[name] = full[..., full.shape[-1] - left:]
+            if last:
+                full = F.pad(full, (0, -x.shape[-1] % stride))
+            return F.conv1d(full, weight, w[f"{name}.bias"], stride=stride, dilation=dilation)
+
         for kind, i in seanet_layers(cfg):
             if kind == "conv":
-                x = _causal(x, w[f"{p}.{i}.conv.weight"], w[f"{p}.{i}.conv.bias"])
+                x = conv(x, f"{p}.{i}.conv")
             elif kind == "res":
                 j = (i - 1) % (cfg.residual_layers + 2)  # the block's place among its stride's residual blocks
-                h = _causal(F.elu(x), w[f"{p}.{i}.block.1.conv.weight"], w[f"{p}.{i}.block.1.conv.bias"],
-                            dilation=cfg.dilation_growth ** j)
-                x = x + _causal(F.elu(h), w[f"{p}.{i}.block.3.conv.weight"], w[f"{p}.{i}.block.3.conv.bias"])
+                h = conv(F.elu(x), f"{p}.{i}.block.1.conv", dilation=cfg.dilation_growth ** j)
+                x = x + conv(F.elu(h), f"{p}.{i}.block.3.conv")
             elif kind == "down":
-                x = _causal(F.elu(x), w[f"{p}.{i}.conv.weight"], w[f"{p}.{i}.conv.bias"], stride=strides[down])
+                x = conv(F.elu(x), f"{p}.{i}.conv", stride=strides[down])
                 down += 1
             else:
-                x = _causal(F.elu(x), w[f"{p}.{i}.conv.weight"], w[f"{p}.{i}.conv.bias"])
+                x = conv(F.elu(x), f"{p}.{i}.conv")
         return x
 
     def _transformer(self, x: Tensor) -> Tensor:
