@@ -40,6 +40,12 @@ def base_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def custom_dir(tmp_path_factory) -> Path:
+    return write_random_checkpoint(tmp_path_factory.mktemp("custom") / "custom", "0.6B", dtype="fp32", talker_layers=1,
+                                   predictor_layers=1, decoder_layers=1, text_hidden=64, decoder_dim=96)
+
+
+@pytest.fixture(scope="module")
 def speech(base_dir) -> Speech:
     return Speech.load(base_dir, weights="fp32", threads=2, max_positions=512)
 
@@ -146,7 +152,7 @@ def test_clone_modes_and_refusals(speech, voice):
         speech.clone(SPEECH / "reference-en.wav", "   ")
 
 
-def test_voice_files_round_trip_and_refuse_others(speech, voice, base_dir, tmp_path):
+def test_voice_files_round_trip_and_refuse_others(speech, voice, custom_dir, tmp_path):
     path = save_voice(voice, tmp_path / "me.voice")
     assert [p.name for p in tmp_path.iterdir()] == ["me.voice"]  # no part file left
     back = speech.load_voice(path)
@@ -163,10 +169,8 @@ def test_voice_files_round_trip_and_refuse_others(speech, voice, base_dir, tmp_p
                                   decoder_layers=1, text_hidden=64, decoder_dim=96, encoder_layers=1)
     with pytest.raises(VoiceError, match="another model size"):
         check_voice(back, load_checkpoint(big), where=str(path))
-    custom = write_random_checkpoint(tmp_path / "custom", "0.6B", talker_layers=1, predictor_layers=1,
-                                     decoder_layers=1, text_hidden=64, decoder_dim=96)
     with pytest.raises(VoiceError, match="does not speak in cloned voices"):
-        check_voice(back, load_checkpoint(custom), where=str(path))
+        check_voice(back, load_checkpoint(custom_dir), where=str(path))
 
 
 def test_the_prompt_places_the_reference_before_the_text(speech, voice):
@@ -248,10 +252,8 @@ def test_clone_then_speak_with_the_command(base_dir, tmp_path):
      "--voice: .* preset or described voices"),
     (["speak", "--text", "Hi.", "--out", "WAV", "--ref-audio", "TEXTFILE", "--x-vector-only"], "not audio"),
 ])
-def test_command_refusals_name_the_option(base_dir, tmp_path, argv, message, capsys):
-    custom = tmp_path / "custom"
-    write_random_checkpoint(custom, "0.6B", dtype="fp32", talker_layers=1, predictor_layers=1, decoder_layers=1,
-                            text_hidden=64, decoder_dim=96)
+def test_command_refusals_name_the_option(base_dir, custom_dir, tmp_path, argv, message, capsys):
+    custom = custom_dir
     (tmp_path / "text.wav").write_text("not audio")
     subs = {"REF": str(SPEECH / "reference-en.wav"), "OUT": str(tmp_path / "x.voice"), "WAV": str(tmp_path / "o.wav"),
             "CUSTOM": str(custom), "MISSING": str(tmp_path / "missing.voice"), "TEXTFILE": str(tmp_path / "text.wav")}
