@@ -24,9 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_omni.bench.common import (
-    BenchError, add_name, add_output, nonnegative_int, parse_list, positive_int, thread_counts, write_measured,
-)
+from vllm_omni.bench.common import BenchError, add_name, add_output, nonnegative_int, positive_int, write_measured
 
 TEXT = "Hello! This short sentence is spoken on two CPU cores, one frame at a time."
 EN = "The quick brown fox jumps over the lazy dog, then rests in the shade of an old tree."
@@ -128,19 +126,11 @@ def _official(base: Path, reference: Path, threads: int, frames: int, repeats: i
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_omni.bench.speak import random_checkpoint
-    from vllm_omni.testing import official
+    from vllm_omni.bench.speak import random_checkpoint, sweep
     from vllm_omni.tts.config import load_config
     from vllm_omni.tts.random_checkpoint import write_random_checkpoint
 
-    counts = thread_counts(args) if args.thread_counts else sorted({1, thread_counts(args)[0]})
-    frames = args.frames or (3 if args.quick else 40)
-    repeats = args.repeats or (1 if args.quick else 3)
-    if args.official:
-        try:
-            official.official_python()
-        except official.OfficialUnavailable as exc:
-            raise BenchError(f"--official: {exc}") from None
+    counts, frames, repeats = sweep(args)
     custom = random_checkpoint(args.model, args.seed, args.quick)
     base = custom.parent / (custom.name.replace("-random-", "-base-random-"))
     if not (base / "speech_tokenizer" / "model.safetensors").is_file():

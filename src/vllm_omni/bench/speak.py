@@ -77,6 +77,20 @@ def random_checkpoint(size: str, seed: int, quick: bool, folder: Path | None = N
     return out
 
 
+def sweep(args: argparse.Namespace) -> tuple[list[int], int, int]:
+    """The thread counts (1 and all usable unless ``--thread-counts``), frames and repeats of a speech
+    benchmark, with ``--official`` refused up front when the official environment is missing."""
+    from vllm_omni.testing import official
+
+    counts = thread_counts(args) if args.thread_counts else sorted({1, thread_counts(args)[0]})
+    if args.official:
+        try:
+            official.official_python()
+        except official.OfficialUnavailable as exc:
+            raise BenchError(f"--official: {exc}") from None
+    return counts, args.frames or (3 if args.quick else 40), args.repeats or (1 if args.quick else 3)
+
+
 def checkpoint_note(args: argparse.Namespace, model_dir: Path) -> str:
     """An artifact's ``weights``: the random checkpoint a run wrote (``random_checkpoint``), or the one it was given."""
     if args.model_dir is not None:
@@ -209,7 +223,6 @@ def _official(model_dir: Path, threads: int, modes: list[str], frames: int, repe
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from vllm_omni.testing import official
     from vllm_omni.tts.config import load_config
     from vllm_omni.tts.pipeline import decoder_precision
     from vllm_omni.tts.text import assistant_text
@@ -217,14 +230,7 @@ def run(args: argparse.Namespace) -> int:
     formats = parse_list(args.weights, FORMATS, "weights")
     formats = [f for f in FORMATS if f in formats]
     modes = parse_list(args.text_modes, tuple(MODES), "text-modes")
-    counts = thread_counts(args) if args.thread_counts else sorted({1, thread_counts(args)[0]})
-    frames = args.frames or (3 if args.quick else 40)
-    repeats = args.repeats or (1 if args.quick else 3)
-    if args.official:
-        try:
-            official.official_python()
-        except official.OfficialUnavailable as exc:
-            raise BenchError(f"--official: {exc}") from None
+    counts, frames, repeats = sweep(args)
     model_dir = args.model_dir or random_checkpoint(args.model, args.seed, args.quick)
     try:
         cfg = load_config(model_dir)

@@ -136,14 +136,7 @@ def bench(root: Path, request_path: Path, out_path: Path) -> None:
     """Wall times of the official load, generate and decode (fp32, CPU), for the benchmark."""
     import time
 
-    req = json.loads(request_path.read_text())
-    torch.set_num_threads(int(req["threads"]))
-    t0 = time.perf_counter()
-    from qwen_tts import Qwen3TTSModel
-
-    tts = Qwen3TTSModel.from_pretrained(str(root), device_map="cpu", dtype=torch.float32)
-    out = {"load_s": time.perf_counter() - t0, "threads": torch.get_num_threads(), "runs": [],
-           "versions": _versions()}
+    req, tts, out = _timed_load(root, request_path)
     for p in req["prompts"]:
         for _ in range(int(req.get("repeats", 1))):
             t1 = time.perf_counter()
@@ -172,14 +165,7 @@ def bench_clone(root: Path, request_path: Path, out_path: Path) -> None:
     (sampled, as its defaults say), its decode and cut included."""
     import time
 
-    req = json.loads(request_path.read_text())
-    torch.set_num_threads(int(req["threads"]))
-    t0 = time.perf_counter()
-    from qwen_tts import Qwen3TTSModel
-
-    tts = Qwen3TTSModel.from_pretrained(str(root), device_map="cpu", dtype=torch.float32)
-    out = {"load_s": time.perf_counter() - t0, "threads": torch.get_num_threads(), "runs": [],
-           "versions": _versions()}
+    req, tts, out = _timed_load(root, request_path)
     for mode in ("x_vector", "icl"):
         xv = mode == "x_vector"
         tts.create_voice_clone_prompt(ref_audio=req["reference"], ref_text=req["ref_text"], x_vector_only_mode=xv)
@@ -194,6 +180,20 @@ def bench_clone(root: Path, request_path: Path, out_path: Path) -> None:
             out["runs"].append({"mode": mode, "prompt_s": t2 - t1, "generate_s": t3 - t2,
                                 "frames": round(len(wavs[0]) / 1920)})
     out_path.write_text(json.dumps(out))
+
+
+def _timed_load(root: Path, request_path: Path):
+    """A benchmark's request, the official model loaded on its thread count, and the result with the load time."""
+    import time
+
+    req = json.loads(request_path.read_text())
+    torch.set_num_threads(int(req["threads"]))
+    t0 = time.perf_counter()
+    from qwen_tts import Qwen3TTSModel
+
+    tts = Qwen3TTSModel.from_pretrained(str(root), device_map="cpu", dtype=torch.float32)
+    return req, tts, {"load_s": time.perf_counter() - t0, "threads": torch.get_num_threads(), "runs": [],
+                      "versions": _versions()}
 
 
 def _versions() -> dict[str, str]:
