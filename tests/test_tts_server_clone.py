@@ -142,6 +142,14 @@ def test_bad_uploads_are_refused_and_nothing_is_written(speech, tmp_path, name, 
     assert list(folder.iterdir()) == []
 
 
+def test_an_oversized_request_body_is_refused_before_it_is_read(speech, tmp_path):
+    with serving(speech, max_frames=FRAMES) as (base, _):
+        huge = "data:audio/wav;base64," + "A" * (16 * 2**20)
+        r = httpx.post(f"{base}/v1/audio/speech", timeout=60, json={
+            "model": "tiny", "input": "Hi.", "ref_audio": huge, "x_vector_only_mode": True})
+        assert r.status_code == 413 and "at most 16 MiB" in r.json()["error"]["message"]
+
+
 def test_a_local_reference_only_inside_the_allowed_folder(speech, tmp_path):
     allowed = tmp_path / "media"
     allowed.mkdir()

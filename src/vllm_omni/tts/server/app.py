@@ -29,6 +29,9 @@ from vllm_omni.tts.server.voices import MAX_UPLOAD_BYTES, VoiceRegistry, check_n
 from vllm_omni.tts.voice import VoiceError
 
 
+MAX_BODY_BYTES = 16 * 2**20  # a 10 MiB reference as base64 (13.4 MiB), the text and the rest
+
+
 def _error(exc: RequestError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
@@ -77,7 +80,14 @@ def create_app(engine: SpeechEngine, *, model_id: str, api_key: str | None = Non
     @app.post("/v1/audio/speech", dependencies=keyed)
     async def audio_speech(request: Request):
         try:
+            declared = request.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+                raise RequestError(413, f"the request body is {int(declared) // 2**20} MiB; at most "
+                                        f"{MAX_BODY_BYTES // 2**20} MiB (a reference of at most "
+                                        f"{MAX_UPLOAD_BYTES // 2**20} MiB as base64, and the text)")
             raw = await request.body()
+            if len(raw) > MAX_BODY_BYTES:
+                raise RequestError(413, f"the request body is more than {MAX_BODY_BYTES // 2**20} MiB")
             try:
                 data = json.loads(raw)
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -167,6 +177,7 @@ def create_app(engine: SpeechEngine, *, model_id: str, api_key: str | None = Non
             x_vector_only = not (ref_text and ref_text.strip()) if x_vector_only_mode is None else x_vector_only_mode
             if registry.get(name) is not None:
                 raise VoiceError(f"name: a voice named {name!r} exists; delete it first", param="name")
+
             def make(sp):
                 voice = sp.clone(audio, ref_text, x_vector_only)
                 sp.prepare_voice(voice)  # ready before its first request
