@@ -10,7 +10,6 @@ process's own CPU time, so that a slow run carries its own evidence. Off Linux b
 from __future__ import annotations
 
 import os
-import resource
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,9 +25,9 @@ class Snapshot:
 
 
 def _own_ticks() -> float:
-    ticks = os.sysconf("SC_CLK_TCK")
-    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    return sum(u.ru_utime + u.ru_stime for u in usage) * ticks
+    from vllm_omni.cpu.free_cores import own_cpu_seconds
+
+    return own_cpu_seconds() * os.sysconf("SC_CLK_TCK")
 
 
 def snapshot(stat: Path = PROC_STAT) -> Snapshot | None:
