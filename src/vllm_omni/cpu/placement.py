@@ -27,6 +27,11 @@ class PlacementError(RuntimeError):
     """The round trip cannot be measured here."""
 
 
+class PlacementUnmeasured(PlacementError):
+    """The probe works, but its two threads never ran at once (another process held a core): there is
+    no figure to report, which is not a fault of the probe."""
+
+
 def round_trip_ns(trips: int = TRIPS, probes: int = PROBES) -> float:
     """Median round trip of one cache line between the two threads of a team of two, in ns."""
     from vllm_omni.cpu import native
@@ -37,10 +42,14 @@ def round_trip_ns(trips: int = TRIPS, probes: int = PROBES) -> float:
                              "(see its CPU affinity, e.g. taskset)")
     lib = native.load()
     values = [lib.vo_core_round_trip_ns(int(trips)) for _ in range(probes)]
-    if min(values) <= 0:
-        raise PlacementError(f"the round-trip probe failed ({min(values)}): its two threads did not run on "
-                             "two CPUs at once")
-    return statistics.median(values)
+    broken = [v for v in values if v <= 0 and v != -1.0]  # -1: the threads did not run at once
+    if broken:
+        raise PlacementError(f"the round-trip probe is broken: it returned {broken[0]} for {trips} trips")
+    timed = [v for v in values if v > 0]
+    if not timed:
+        raise PlacementUnmeasured(f"the round trip could not be measured: in {probes} probes the two threads never "
+                                  "ran on two CPUs at once (another process held one)")
+    return statistics.median(timed)
 
 
 def recorded_round_trip(threads: int) -> float | None:
