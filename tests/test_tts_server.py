@@ -77,7 +77,7 @@ def gated(speech, monkeypatch, fail_on: str | None = None):
 
 
 def speak(base: str, **body) -> httpx.Response:
-    payload = {"model": "tiny", "input": "Hello there.", "voice": "ryan", **body}
+    payload = {"model": "tiny", "input": "Hello there.", "voice": "ryan", "response_format": "wav", **body}
     return httpx.post(f"{base}/v1/audio/speech", json=payload, timeout=60)
 
 
@@ -112,7 +112,8 @@ def test_the_openai_client_speaks_lists_models_and_needs_the_key(speech):
 def test_a_streamed_wav_says_until_the_end_and_holds_whole_frames(shared):
     base, _ = shared
     with httpx.stream("POST", f"{base}/v1/audio/speech", timeout=60,
-                      json={"model": "tiny", "input": "Streaming now.", "voice": "ryan", "stream": True}) as r:
+                      json={"model": "tiny", "input": "Streaming now.", "voice": "ryan", "stream": True,
+                            "response_format": "wav"}) as r:
         assert r.status_code == 200 and r.headers["content-type"] == "audio/wav"
         raw = b"".join(r.iter_bytes())
     rate, samples, size = parse_wav(raw)
@@ -127,13 +128,18 @@ def test_a_streamed_wav_says_until_the_end_and_holds_whole_frames(shared):
     ({"input": ""}, 400, "input", "is empty"),
     ({"input": "x" * 4097}, 400, "input", "at most 4096 characters"),
     ({"voice": "nobody"}, 400, "voice", "valid: "),
-    ({"response_format": "mp3"}, 400, "response_format", "valid: wav, pcm"),
-    ({"speed": 1.5}, 400, "speed", "only 1.0"),
+    ({"response_format": "aac"}, 400, "response_format", "no AAC encoder ships"),
+    ({"response_format": "ogg"}, 400, "response_format", "formats: mp3, opus, flac, wav, pcm"),
+    ({"speed": 4.5}, 400, "speed", "less than or equal to 4"),
+    ({"speed": 0.1}, 400, "speed", "greater than or equal to 0.25"),
+    ({"max_new_tokens": 0}, 400, "max_new_tokens", "greater than or equal to 1"),
+    ({"max_new_tokens": 2000}, 400, "max_new_tokens", "at most 6 frames on this server"),
     ({"language": "klingon"}, 400, "language", "unknown language"),
-    ({"stream_format": "sse"}, 400, "stream_format", ""),
+    ({"stream_format": "chunks"}, 400, "stream_format", "'audio' or 'sse'"),
     ({"colour": "blue"}, 400, "colour", "unknown field"),
     ({"stream": "yes"}, 400, "stream", "boolean"),
-    ({"model": "tts-1"}, 404, "model", "serves 'tiny'"),
+    ({"model": "whisper-1"}, 404, "model", "serves 'tiny' (or OpenAI's names: tts-1"),
+    ({"model": "tts-2"}, 404, "model", "serves 'tiny'"),
     ({"ref_audio": "data:audio/wav;base64,AAAA"}, 400, "ref_audio", "cloning needs a Base checkpoint"),
     ({"x_vector_only_mode": True}, 400, "x_vector_only_mode", "cloning needs a Base checkpoint"),
     ({"task_type": "Base"}, 400, "task_type", "speaks with Qwen3-TTS-12Hz-0.6B-CustomVoice"),
@@ -228,6 +234,36 @@ def test_a_fault_in_one_stream_ends_only_that_stream(speech, monkeypatch):
         ok = speak(base, input="And this one works.")
         assert ok.status_code == 200 and whole_frames(parse_wav(ok.content)[1].size)
         assert engine.status()["failed"] == 2 and engine.status()["served"] == 1
+
+
+def test_a_fault_after_the_first_sse_event_arrives_as_an_error_event(speech, monkeypatch):
+    with gated(speech, monkeypatch, fail_on="This one breaks.") as gate, serving(speech) as (base, engine):
+        gate.set()
+        with httpx.stream("POST", f"{base}/v1/audio/speech", timeout=60,
+                          json={"model": "tiny", "input": "This one breaks.", "voice": "ryan", "stream_format": "sse",
+                                "response_format": "pcm"}) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            events = sse_events(r.iter_lines())
+        kinds = [e["type"] for e in events]
+        assert kinds[0] == "speech.audio.delta" and kinds[-1] == "speech.audio.error"
+        assert "speech.audio.done" not in kinds
+        assert events[-1]["error"]["type"] == "server_error" and "a fault inside this stream" in events[-1]["error"]["message"]
+
+
+def sse_events(lines) -> list[dict]:
+    """The JSON of each ``data:`` line of a server-sent event stream, checking that each event's
+    ``event:`` line names its type."""
+    import json
+
+    out, named = [], None
+    for line in lines:
+        if line.startswith("event: "):
+            named = line[len("event: "):]
+        elif line.startswith("data: "):
+            data = json.loads(line[len("data: "):])
+            assert data["type"] == named
+            out.append(data)
+    return out
 
 
 def test_a_client_that_leaves_frees_its_stream(speech, monkeypatch):

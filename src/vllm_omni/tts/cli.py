@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from vllm_omni.tts.config import CheckpointError
+from vllm_omni.tts.encode import FORMATS
 
 EXIT_BAD_INPUT = 2
 
@@ -267,7 +268,8 @@ def serve(args: argparse.Namespace) -> int:
     engine = SpeechEngine(load=load, max_streams=args.max_streams, max_queue=args.max_queue, timeout_s=args.timeout,
                           max_frames=args.max_frames)
     app = create_app(engine, model_id=args.served_model_name or cfg.family, api_key=api_key, voices=args.voices,
-                     allowed_local_media=args.allowed_local_media_path)
+                     allowed_local_media=args.allowed_local_media_path, default_format=args.default_format,
+                     openai_names=not args.no_openai_model_names)
     print(f"serving {args.served_model_name or cfg.family} on http://{args.host}:{args.port}/v1/audio/speech",
           file=sys.stderr)
     try:
@@ -357,6 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
     sv.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on /v1/ (or set ${API_KEY_ENV})")
     sv.add_argument("--served-model-name", help="the model id clients send (default: the checkpoint's family name)")
+    sv.add_argument("--no-openai-model-names", action="store_true",
+                    help="refuse OpenAI's model names (tts-1, tts-1-hd, gpt-4o-mini-tts), which are otherwise taken "
+                         "as this model's")
+    sv.add_argument("--default-format", choices=tuple(FORMATS), default="mp3",
+                    help="the audio format of a request without response_format (default mp3, as OpenAI's)")
     sv.add_argument("--weights", choices=("fp32", "int8", "int4"), default="int4")
     sv.add_argument("--decoder", choices=("auto", "fp32", "bf16"), default="auto", help=DECODER_HELP)
     sv.add_argument("--threads", type=_threads, help=THREADS_HELP)

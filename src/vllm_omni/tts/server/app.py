@@ -12,6 +12,7 @@ next frame.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hmac
 import json
 import time
@@ -19,12 +20,17 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from fastapi import Depends, FastAPI, File, Form, Request, UploadFile
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+import numpy as np
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
 from vllm_omni.tts.prompt import PromptError, resolve_language, resolve_speaker
 from vllm_omni.tts.reference_audio import ReferenceAudioError, read_reference
 from vllm_omni.tts.server.engine import Busy, Job, SpeechEngine, Timeout
-from vllm_omni.tts.server.protocol import MEDIA_TYPES, TASK_TYPES, RequestError, SpeechRequest, parse_request
+from vllm_omni.tts.encode import Encoder, check_format, encode, media_type
+from vllm_omni.tts.server.limits import request_frames
+from vllm_omni.tts.server.protocol import (OPENAI_MODELS, TASK_TYPES, RequestError, SpeechRequest, is_openai_model,
+                                          parse_request)
+from vllm_omni.tts.time_stretch import TimeStretch
 from vllm_omni.tts.server.voices import MAX_UPLOAD_BYTES, VoiceRegistry, check_name, decode_reference
 from vllm_omni.tts.voice import VoiceError
 
@@ -37,12 +43,13 @@ def _error(exc: RequestError) -> JSONResponse:
 
 
 def create_app(engine: SpeechEngine, *, model_id: str, api_key: str | None = None, voices: Path | None = None,
-               allowed_local_media: Path | None = None) -> FastAPI:
-    """The FastAPI application serving ``engine``'s checkpoint under the name ``model_id``; a Base checkpoint's
-    saved voices live in ``voices`` (``server.voices``), and requests may name reference files only inside
-    ``allowed_local_media``."""
-    from vllm_omni.tts.wav import UNKNOWN_SIZE, header, pcm16
-
+               allowed_local_media: Path | None = None, default_format: str = "mp3",
+               openai_names: bool = True) -> FastAPI:
+    """The FastAPI application serving ``engine``'s checkpoint under the name ``model_id`` (and, with
+    ``openai_names``, OpenAI's TTS model names); a Base checkpoint's saved voices live in ``voices``
+    (``server.voices``), and requests may name reference files only inside ``allowed_local_media``.
+    A request without ``response_format`` gets ``default_format``."""
+    check_format(default_format)
     speech = engine.speech
     cfg = speech.ckpt.config
     registry = VoiceRegistry(speech, voices) if cfg.clones else None
@@ -77,6 +84,17 @@ def create_app(engine: SpeechEngine, *, model_id: str, api_key: str | None = Non
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created,
                                             "owned_by": "qwen3-tts-edge"}]}
 
+    @app.get("/v1/audio/models", dependencies=keyed)
+    async def audio_models() -> dict[str, Any]:
+        """The served model in Open WebUI's shape (``models``) and OpenAI's list shape (``data``)."""
+        return {"object": "list", "data": [{"id": model_id, "object": "model"}], "models": [{"id": model_id}]}
+
+    @app.get("/", include_in_schema=False)
+    async def try_page() -> HTMLResponse:
+        from vllm_omni.tts.server.page import render
+
+        return HTMLResponse(render(model_id, default_format))
+
     @app.post("/v1/audio/speech", dependencies=keyed)
     async def audio_speech(request: Request):
         try:
@@ -93,15 +111,22 @@ def create_app(engine: SpeechEngine, *, model_id: str, api_key: str | None = Non
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise RequestError(400, f"the request body is not valid JSON ({exc})") from None
             req = parse_request(data)
-            if req.model != model_id:
-                raise RequestError(404, f"model: {req.model!r} is not served here; this server serves {model_id!r}",
-                                   param="model", code="model_not_found")
+            if req.model != model_id and not (openai_names and is_openai_model(req.model)):
+                also = f" (or OpenAI's names: {', '.join(OPENAI_MODELS)})" if openai_names else ""
+                raise RequestError(404, f"model: {req.model!r} is not served here; this server serves {model_id!r}"
+                                        f"{also}", param="model", code="model_not_found")
+            limit = engine.frame_limit
+            if req.max_new_tokens is not None and req.max_new_tokens > limit:
+                raise RequestError(400, f"max_new_tokens: at most {limit} frames on this server (--max-frames), got "
+                                        f"{req.max_new_tokens}", param="max_new_tokens")
+            frames, cap_from = request_frames(req.input, req.max_new_tokens, limit)
             speaker, voice, clone = _who_speaks(cfg, req, registry, allowed_local_media)
             loop = asyncio.get_running_loop()
             events: asyncio.Queue = asyncio.Queue()
             job = Job(req.input, speaker, req.language, req.instructions,
                       events=lambda kind, value: loop.call_soon_threadsafe(events.put_nowait, (kind, value)),
-                      deadline=time.monotonic() + engine.timeout_s, seed=req.seed, voice=voice, clone=clone)
+                      deadline=time.monotonic() + engine.timeout_s, seed=req.seed, max_frames=frames, voice=voice,
+                      clone=clone)
             try:
                 engine.submit(job)
             except Busy as exc:
@@ -115,39 +140,38 @@ def create_app(engine: SpeechEngine, *, model_id: str, api_key: str | None = Non
         except RequestError as exc:
             return _error(exc)
 
-        fmt = req.response_format
-        headers = {"X-Sample-Rate": str(rate)}
+        fmt = req.response_format or default_format
+        stretch = TimeStretch(req.speed, rate) if req.speed != 1.0 else None
+        headers = {"X-Sample-Rate": str(rate), "X-Frame-Limit": f"{frames}; from={cap_from}"}
+        if req.stream_format == "sse":
+            return StreamingResponse(_sse(first, events, request, job, fmt, rate, stretch), media_type="text/event-stream",
+                                     headers={**headers, "Cache-Control": "no-cache"})
         if not req.stream:  # the whole utterance, then one response with exact sizes (or a JSON error)
             parts, event = [], first
             while event is not None and event[0] == "audio":
-                parts.append(pcm16(event[1].samples))
+                parts.append(stretch.add(event[1].samples) if stretch else event[1].samples)
                 event = await _next_event(events, request, job)
             if event is None:
                 return Response(status_code=499)
             if event[0] == "error":
                 return _error(_as_request_error(event[1]))
-            data = b"".join(parts)
-            return Response((header(rate, len(data)) if fmt == "wav" else b"") + data, media_type=MEDIA_TYPES[fmt],
-                            headers=headers)
+            if stretch:
+                parts.append(stretch.finish())
+            audio = await asyncio.to_thread(encode, np.concatenate(parts), fmt, rate)
+            return Response(audio, media_type=media_type(fmt), headers={**headers, "X-Stop-Reason": _stop_reason(event[1])})
 
         async def body() -> AsyncIterator[bytes]:
-            """The header, then every chunk's bytes as they come; the job is cancelled if the client stops reading."""
-            kind, value = first
+            """Every chunk's bytes as they are encoded; the job is cancelled if the client stops reading."""
             try:
-                if fmt == "wav":
-                    yield header(rate, UNKNOWN_SIZE)
-                while kind == "audio":
-                    yield pcm16(value.samples)
-                    event = await _next_event(events, request, job)
-                    if event is None:  # the client left
-                        return
-                    kind, value = event
-                if kind == "error":  # mid-stream: all that is left is to cut the body short
-                    raise RuntimeError(f"speech failed after the first audio: {value}")
+                async for kind, value in _encoded(first, events, request, job, fmt, rate, stretch):
+                    if kind == "error":  # mid-stream: all that is left is to cut the body short
+                        raise RuntimeError(f"speech failed after the first audio: {value}")
+                    if kind == "audio" and value:
+                        yield value
             finally:
                 job.cancel()  # no-op once the job has ended
 
-        return StreamingResponse(body(), media_type=MEDIA_TYPES[fmt], headers=headers)
+        return StreamingResponse(body(), media_type=media_type(fmt), headers=headers)
 
     @app.get("/v1/audio/voices", dependencies=keyed)
     async def list_voices() -> dict[str, Any]:
@@ -261,6 +285,57 @@ async def _next_event(events: asyncio.Queue, request: Request, job: Job, poll_s:
         except asyncio.CancelledError:
             job.cancel()
             raise
+
+
+async def _encoded(first, events: asyncio.Queue, request: Request, job: Job, fmt: str, rate: int,
+                   stretch: TimeStretch | None):
+    """("audio", bytes) as each chunk is stretched and encoded, then ("end", SpeechStats) or ("error", exc);
+    nothing more once the client has left."""
+    encoder = Encoder(fmt, rate)
+    event = first
+    while event is not None and event[0] == "audio":
+        samples = event[1].samples
+        yield "audio", await asyncio.to_thread(encoder.add, stretch.add(samples) if stretch else samples)
+        event = await _next_event(events, request, job)
+    if event is None:  # the client left
+        return
+    if event[0] == "error":
+        yield event
+        return
+    tail = encoder.add(stretch.finish()) if stretch else b""
+    yield "audio", tail + await asyncio.to_thread(encoder.finish)
+    yield event
+
+
+def _sse_event(data: dict[str, Any]) -> bytes:
+    """One server-sent event: its type as the ``event`` (as vLLM-Omni sends it) and the JSON (as OpenAI does)."""
+    return f"event: {data['type']}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+async def _sse(first, events: asyncio.Queue, request: Request, job: Job, fmt: str, rate: int,
+               stretch: TimeStretch | None) -> AsyncIterator[bytes]:
+    """OpenAI's speech events: ``speech.audio.delta`` (base64 audio in ``fmt``), then ``speech.audio.done``
+    with usage and why it stopped; a failure after the first event is a ``speech.audio.error`` event."""
+    try:
+        async for kind, value in _encoded(first, events, request, job, fmt, rate, stretch):
+            if kind == "audio" and value:
+                yield _sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(value).decode(),
+                                  "response_format": fmt})
+            elif kind == "end":
+                gen = value.generation
+                usage = {"input_tokens": gen.prefill_positions, "output_tokens": value.frames,
+                         "total_tokens": gen.prefill_positions + value.frames}
+                yield _sse_event({"type": "speech.audio.done", "usage": usage, "stop_reason": _stop_reason(value)})
+            elif kind == "error":
+                yield _sse_event({"type": "speech.audio.error",
+                                  "error": _as_request_error(value).body()["error"]})
+    finally:
+        job.cancel()
+
+
+def _stop_reason(stats) -> str:
+    """Why an utterance ended: its end code (``eos``), or its frame cap (``frame_limit``, see ``server.limits``)."""
+    return "eos" if stats.generation.stopped_at_eos else "frame_limit"
 
 
 # The prompt's parameter names (PromptError.param) as the request's fields.

@@ -63,6 +63,7 @@ class Job:
     events: Callable[[str, Any], None]
     deadline: float  # time.monotonic() by which the request must be done
     seed: int = 0
+    max_frames: int | None = None  # this request's cap (server.limits); None: the engine's
     voice: Any = None  # a cloned voice (a Base checkpoint's saved voice)
     clone: Any = None  # (ReferenceAudio, ref_text, x_vector_only): cloned in the worker when the job starts
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -94,7 +95,7 @@ class SpeechEngine:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.speech, self.max_streams, self.max_queue = speech, int(max_streams), int(max_queue)
         self.timeout_s = float(timeout_s)
-        self.max_frames = max_frames  # a request's limit (None: the checkpoint's)
+        self.max_frames = max_frames  # a request's limit (None: the checkpoint's, ``frame_limit``)
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self._queue: collections.deque[Job] = collections.deque()
@@ -167,6 +168,12 @@ class SpeechEngine:
     def _retry_after(self, ahead: int) -> int:
         typical = sorted(self._recent_s)[len(self._recent_s) // 2] if self._recent_s else 5.0
         return max(1, round(typical * ahead / self.max_streams))
+
+    @property
+    def frame_limit(self) -> int:
+        """The most frames a request may ask for: ``max_frames``, else the checkpoint's own limit."""
+        own = self.speech.ckpt.config.generation.max_new_tokens - 1
+        return own if self.max_frames is None else min(self.max_frames, own)
 
     def status(self) -> dict[str, int]:
         with self._cond:
@@ -256,7 +263,8 @@ class SpeechEngine:
                 audio, ref_text, x_vector_only = job.clone
                 job.voice = self.speech.clone(audio, ref_text, x_vector_only)
             job.speaking = self.speech.open(job.text, speaker=job.speaker, voice=job.voice, language=job.language,
-                                            instruct=job.instruct, seed=job.seed, max_frames=self.max_frames,
+                                            instruct=job.instruct, seed=job.seed,
+                                            max_frames=job.max_frames or self.max_frames,
                                             stop=job.should_stop)
             sp = job.speaking
             job.utterance = self.batch.start(sp.prompt, sp.sampling, sp.max_frames, sp.stats.generation)
