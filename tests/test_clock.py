@@ -50,4 +50,4 @@ def test_which_subcommands_record_the_clock():
     sub = next(a for a in parser._actions if a.dest == "command")
     timed = {name for name, p in sub.choices.items() if p.get_default("core_clock")}
     assert timed == {"batch-steps", "bandwidth", "busy-cores", "clone", "decoder-split", "engines", "frame", "gemv", "llamacpp", "placement", "predictor", "sampler",
-                     "serve-load", "speak", "talker", "vllm-inprocess", "vllm-two-engines"}
+                     "serve-formats", "serve-load", "speak", "talker", "vllm-inprocess", "vllm-two-engines"}

@@ -36,6 +36,7 @@ SUBCOMMAND_MODULES = (
     "hosts",
     "speak",
     "serve-load",
+    "serve-formats",
     "batch-steps",
     "decoder-split",
     "busy-cores",
