@@ -150,6 +150,14 @@ def test_each_clients_own_request_gets_playable_audio_of_its_type(server, refere
     assert len(decode(r.content, fmt)) == n
 
 
+def test_openai_model_names_and_their_dated_variants_are_aliases():
+    from vllm_omni.tts.server.protocol import is_openai_model
+
+    assert all(map(is_openai_model, ["tts-1", "tts-1-hd", "tts-1-1106", "tts-1-hd-1106", "gpt-4o-mini-tts",
+                                     "gpt-4o-mini-tts-2025-03-20"]))
+    assert not any(map(is_openai_model, ["tts-2", "tts-1-fast", "whisper-1", "gpt-4o"]))
+
+
 def test_open_webui_reads_the_voices_and_models_it_expects(server):
     base = server[0]
     voices = httpx.get(f"{base}/v1/audio/voices").json()["voices"]

@@ -101,5 +101,5 @@ def parse_request(data: Any) -> SpeechRequest:
 
 
 def is_openai_model(name: str) -> bool:
-    """OpenAI's TTS model names, dated variants included (``gpt-4o-mini-tts-2025-03-20``)."""
-    return any(name == m or name.startswith(m + "-2") for m in OPENAI_MODELS)
+    """OpenAI's TTS model names, dated variants included (``tts-1-1106``, ``gpt-4o-mini-tts-2025-03-20``)."""
+    return any(name == m or (name.startswith(m + "-") and name[len(m) + 1:][:1].isdigit()) for m in OPENAI_MODELS)
