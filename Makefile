@@ -30,7 +30,7 @@ TORCH := torch==2.13.0+cpu
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 $(VENV)/.test-installed: pyproject.toml | $(PY)
 	$(PIP) install --quiet --no-deps '$(TORCH)' --extra-index-url $(TORCH_INDEX)
-	$(PIP) install --quiet '$(TORCH)' -e '.[docs,test,cpu,serve,vllm,engines]'
+	$(PIP) install --quiet '$(TORCH)' -e '.[docs,test,cpu,serve,cluster,vllm,engines]'
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
 	$(PY) -c "from vllm import LLM"
 	touch $(VENV)/.docs-installed $@

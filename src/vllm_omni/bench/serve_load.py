@@ -66,6 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default), spin, torch or kinds joined by '+'")
     p.add_argument("--fixed-threads", action="store_true",
                    help="start the server with --fixed-threads (every usable core whatever else runs, as before)")
+    p.add_argument("--cluster-replicas", type=positive_int, default=None,
+                   help="serve through qwen3-tts-edge serve-cluster (Ray Serve) with this many replicas, each with "
+                        "--max-streams and --max-queue, the cores shared out among them (default: one serve)")
     p.add_argument("--quick", action="store_true", help="a shallow checkpoint, short levels: for doctests only")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random checkpoint")
     add_name(p, "serving", "load-<model>")
@@ -89,20 +92,40 @@ def _rss_gib(pid: int, field: str = "VmRSS") -> float | None:
     return None
 
 
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (a local Ray cluster's raylet, its workers and the replicas)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
 class _Server:
     """``qwen3-tts-edge serve`` in a child process on a free loopback port."""
 
     def __init__(self, model_dir: Path, weights: str, threads: int | None, frames: int, max_streams: int,
-                 max_queue: int, fixed_threads: bool = False):
+                 max_queue: int, fixed_threads: bool = False, replicas: int | None = None):
         self.port = _free_port()
         exe = Path(sys.executable).parent / "qwen3-tts-edge"
-        cmd = [str(exe), "serve", "--model", str(model_dir), "--port", str(self.port), "--weights", weights,
+        self.replicas = replicas
+        cmd = [str(exe), "serve" if replicas is None else "serve-cluster", "--model", str(model_dir), "--port", str(self.port), "--weights", weights,
                "--max-frames", str(frames), "--max-streams", str(max_streams), "--max-queue", str(max_queue), "--timeout", "600",
                "--served-model-name", "bench", "--log-level", "warning", "--max-positions", "512"]
         if threads:
             cmd += ["--threads", str(threads)]
         if fixed_threads:
             cmd.append("--fixed-threads")
+        if replicas is not None:
+            cmd += ["--replicas", str(replicas)]
         # its output goes to a file: a pipe nobody reads while the levels run could fill and stall the server
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
@@ -118,13 +141,24 @@ class _Server:
                 self.log.seek(0)
                 raise BenchError(f"the server exited ({self.proc.returncode}): "
                                  f"{self.log.read().decode(errors='replace')[-2000:]}")
+            self.log.seek(0)
+            deployed = self.replicas is None or b"serving " in self.log.read()  # every replica up, not the first
             try:
-                if httpx.get(f"{self.base}/health", timeout=2).status_code == 200:
+                if deployed and httpx.get(f"{self.base}/health", timeout=2).status_code == 200:
                     return time.monotonic() - t0
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
         raise BenchError(f"the server did not answer /health within {timeout_s:.0f} s")
+
+    def memory_gib(self, field: str = "VmRSS") -> float | None:
+        """The server's resident memory; a cluster's summed over all its processes (no peak: None)."""
+        if self.replicas is None:
+            return _rss_gib(self.proc.pid, field)
+        if field != "VmRSS":
+            return None
+        values = [_rss_gib(p) for p in _descendants(self.proc.pid)]
+        return round(sum(v for v in values if v is not None), 3)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -197,14 +231,14 @@ def _soak(server: _Server, clients: int, seconds: float, expected: dict[int, int
     def sample() -> None:
         t0 = time.monotonic()
         while not done.wait(0 if not samples else 5.0):
-            samples.append([round(time.monotonic() - t0, 1), _rss_gib(server.proc.pid)])
+            samples.append([round(time.monotonic() - t0, 1), server.memory_gib()])
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     results, wall = _level(server.base, clients, seconds, start_prompt=0)
     done.set()
     sampler.join()
-    samples.append([round(wall, 1), _rss_gib(server.proc.pid)])
+    samples.append([round(wall, 1), server.memory_gib()])
     t = _tally(results, expected)
     rss = [m for _, m in samples if m is not None]
     return {"clients": clients, "seconds": round(wall, 1), "requests": len(results), "accepted": len(t["ok"]),
@@ -252,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
     model_dir = args.model_dir or random_checkpoint(args.model, args.seed, args.quick)
     cfg = load_config(model_dir)
     server = _Server(model_dir, args.weights, args.threads, frames, args.max_streams, args.max_queue,
-                     args.fixed_threads)
+                     args.fixed_threads, args.cluster_replicas)
     busy = contextlib.ExitStack()  # the competing load (--busy), through the levels and the soak
     try:
         ready_s = server.wait_ready()
@@ -261,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
         if any(r["status"] != 200 or not r["complete"] for r in alone):
             raise BenchError(f"a request sent alone failed: {[r for r in alone if r['status'] != 200][:1]}")
         expected = {r["prompt"]: r["samples"] for r in alone}
-        rss_idle = _rss_gib(server.proc.pid)
+        rss_idle = server.memory_gib()
         rows, detail = [], {}
         busy.enter_context(competing_load.running(args.busy))
         for i, clients in enumerate(levels):
@@ -273,12 +307,12 @@ def run(args: argparse.Namespace) -> int:
             audio_s = sum(r["samples"] for r in ok) / RATE
             rows.append([clients, len(results), len(ok), len(t["refused"]), t["failed"],
                          _r(_pct(ttfa, 50)), _r(_pct(ttfa, 90)), _r(_pct(ttfa, 99)), _r(_pct(rtf, 50), 3),
-                         _r(max(rtf) if rtf else None, 3), _r(audio_s / wall, 3), _rss_gib(server.proc.pid)])
+                         _r(max(rtf) if rtf else None, 3), _r(audio_s / wall, 3), server.memory_gib()])
             detail[str(clients)] = {"wall_s": round(wall, 2), "incomplete": t["incomplete"][:5],
                                     "other_status": sorted({r["status"] for r in t["other"] if r["status"]})}
         soak = _soak(server, args.max_streams, args.soak, expected) if args.soak else None
         busy.close()
-        peak = _rss_gib(server.proc.pid, "VmHWM")
+        peak = server.memory_gib("VmHWM")
     finally:
         busy.close()
         server.stop()
@@ -287,7 +321,8 @@ def run(args: argparse.Namespace) -> int:
         artifact_id=f"serving/load-{args.model.lower()}" + ("-quick" if args.quick and not args.name else ""),
         title=f"The speech server under concurrent streamed requests ({cfg.family}, {args.weights}, loopback"
               + ("" if args.busy == "idle" else f", beside {competing_load.describe(args.busy)}")
-              + (", --fixed-threads" if args.fixed_threads else "") + ")",
+              + (", --fixed-threads" if args.fixed_threads else "")
+              + (f", {args.cluster_replicas} Ray Serve replicas" if args.cluster_replicas else "") + ")",
         columns=[
             {"name": "concurrency", "unit": None, "type": "number", "format": ".0f"},
             {"name": "requests", "unit": None, "type": "number", "format": ".0f"},
@@ -312,7 +347,10 @@ def run(args: argparse.Namespace) -> int:
              "expected_samples": expected, "levels": detail, "soak": soak,
              "other_work": {"load": args.busy, "what": competing_load.describe(args.busy)},
              "engine": f"up to {args.max_streams} requests spoken at once, each frame of all of them in one talker "
-                       "call and one predictor call"},
+                       "call and one predictor call"
+                       + (f", in each of {args.cluster_replicas} Ray Serve replicas (qwen3-tts-edge serve-cluster) "
+                          "behind Ray's proxy" if args.cluster_replicas else ""),
+             "cluster_replicas": args.cluster_replicas},
         notes=("Each level: that many clients send streamed pcm requests back to back for run.duration_s (a refused "
                "client waits 0.2 s before its next), cycling through the 12 prompts. First audio: from sending the "
                "request to the first body bytes. RTF: a request's wall time over its audio time, queueing included. "
@@ -326,6 +364,9 @@ def run(args: argparse.Namespace) -> int:
                "(memory_gib: [seconds, GiB]) and its growth from the first sample to the last. run.other_work: what else ran "
                "through the levels and the soak (--busy, vllm_omni.bench.competing_load), started after the prompts "
                "were each sent alone.")
+              + (" Through Ray Serve (run.cluster_replicas): the replicas share the usable cores equally, each with "
+                 "the --max-streams and --max-queue above, and the server's memory is that of every process of the "
+                 "command (Ray's own included), with no peak recorded." if args.cluster_replicas else "")
               + (" Quick mode: a shallow checkpoint and short levels, not a figure." if args.quick else ""),
     )
     return 0

@@ -238,7 +238,8 @@ DECODER_HELP = ("the decoder's precision: auto (default) is bf16 with int8/int4 
                 "bf16 (AVX-512 BF16, AMX), else fp32; fp32 equals the official decode")
 
 
-def serve(args: argparse.Namespace) -> int:
+def _check_serving(args: argparse.Namespace, command: str = "serve"):
+    """The checkpoint's config and the API key, every serving option checked before any weights are read."""
     import os
 
     from vllm_omni.tts.config import load_config
@@ -253,10 +254,13 @@ def serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--allowed-local-media-path {args.allowed_local_media_path}: not a folder")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
-        print(f"qwen3-tts-edge serve: note: listening on {args.host} without an API key (--api-key or ${API_KEY_ENV})",
-              file=sys.stderr)
-    import uvicorn
+        print(f"qwen3-tts-edge {command}: note: listening on {args.host} without an API key (--api-key or "
+              f"${API_KEY_ENV})", file=sys.stderr)
+    return cfg, api_key
 
+
+def _server_app(args: argparse.Namespace, model_id: str, api_key: str | None):
+    """The engine (loading the model in its worker thread) and the app around it: one server's, or one replica's."""
     from vllm_omni.tts.pipeline import Speech
     from vllm_omni.tts.server.app import create_app
     from vllm_omni.tts.server.engine import SpeechEngine
@@ -267,16 +271,41 @@ def serve(args: argparse.Namespace) -> int:
 
     engine = SpeechEngine(load=load, max_streams=args.max_streams, max_queue=args.max_queue, timeout_s=args.timeout,
                           max_frames=args.max_frames)
-    app = create_app(engine, model_id=args.served_model_name or cfg.family, api_key=api_key, voices=args.voices,
+    app = create_app(engine, model_id=model_id, api_key=api_key, voices=args.voices,
                      allowed_local_media=args.allowed_local_media_path, default_format=args.default_format,
                      openai_names=not args.no_openai_model_names)
-    print(f"serving {args.served_model_name or cfg.family} on http://{args.host}:{args.port}/v1/audio/speech",
-          file=sys.stderr)
+    return engine, app
+
+
+def serve(args: argparse.Namespace) -> int:
+    cfg, api_key = _check_serving(args)
+    import uvicorn
+
+    model_id = args.served_model_name or cfg.family
+    engine, app = _server_app(args, model_id, api_key)
+    print(f"serving {model_id} on http://{args.host}:{args.port}/v1/audio/speech", file=sys.stderr)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:
         engine.close()
     return 0
+
+
+def serve_cluster(args: argparse.Namespace) -> int:
+    cfg, api_key = _check_serving(args, "serve-cluster")
+    from vllm_omni.tts.server import cluster
+
+    model_id = args.served_model_name or cfg.family
+    if args.voices is not None:
+        raise ValueError("--voices: saved voices live in one server's folder; serve-cluster does not share them "
+                         "between replicas yet (use serve)")
+
+    def make_app():  # on each replica
+        return _server_app(args, model_id, api_key)[1]
+
+    return cluster.run(make_app, model_id=model_id, host=args.host, port=args.port, replicas=args.replicas,
+                       max_replicas=args.max_replicas, threads=args.threads, max_streams=args.max_streams,
+                       max_queue=args.max_queue, address=args.address)
 
 
 def _seconds(text: str) -> float:
@@ -287,6 +316,40 @@ def _seconds(text: str) -> float:
     if not 0 < v <= 86400:
         raise argparse.ArgumentTypeError(f"must be a number of seconds above 0 (at most 86400), got {text!r}")
     return v
+
+
+def _serving_arguments(sv: argparse.ArgumentParser) -> None:
+    """The options of ``serve`` and ``serve-cluster`` (for a replica, ``--threads`` is its own)."""
+    sv.add_argument("--model", required=True, help="an official Qwen3-TTS checkpoint directory")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    sv.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
+    sv.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on /v1/ (or set ${API_KEY_ENV})")
+    sv.add_argument("--served-model-name", help="the model id clients send (default: the checkpoint's family name)")
+    sv.add_argument("--no-openai-model-names", action="store_true",
+                    help="refuse OpenAI's model names (tts-1, tts-1-hd, gpt-4o-mini-tts), which are otherwise taken "
+                         "as this model's")
+    sv.add_argument("--default-format", choices=tuple(FORMATS), default="mp3",
+                    help="the audio format of a request without response_format (default mp3, as OpenAI's)")
+    sv.add_argument("--weights", choices=("fp32", "int8", "int4"), default="int4")
+    sv.add_argument("--decoder", choices=("auto", "fp32", "bf16"), default="auto", help=DECODER_HELP)
+    sv.add_argument("--threads", type=_threads, help=THREADS_HELP)
+    sv.add_argument("--fixed-threads", action="store_true", help=FIXED_THREADS_HELP)
+    sv.add_argument("--no-cache", action="store_true", help="do not read or keep the packed weights (see speak)")
+    sv.add_argument("--max-streams", type=_whole(1, 8), default=2,
+                    help="requests spoken at once, stepped together (default 2, at most 8)")
+    sv.add_argument("--max-queue", type=_count, default=4,
+                    help="requests that may wait while those are spoken (default 4); beyond: 429 with Retry-After")
+    sv.add_argument("--timeout", type=_seconds, default=120.0,
+                    help="seconds a request may take, waiting included (default 120); then 504 or a cut stream")
+    sv.add_argument("--max-frames", type=_positive, help="frames per request at most (default: the checkpoint's)")
+    sv.add_argument("--max-positions", type=_positive, default=4096,
+                    help="talker positions (prompt and frames) a request may use (default 4096)")
+    sv.add_argument("--voices", type=Path, help="a Base checkpoint's saved voices: NAME.voice files a request names "
+                                                "as its voice; voices added over HTTP are written here")
+    sv.add_argument("--allowed-local-media-path", type=Path,
+                    help="let requests give ref_audio as a file:// path inside this folder (by default only data: "
+                         "URIs; URLs are never fetched)")
+    sv.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -354,37 +417,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--overwrite", action="store_true", help="replace an existing directory")
     r.set_defaults(func=random_checkpoint)
     sv = sub.add_parser("serve", help="serve an OpenAI-compatible /v1/audio/speech over HTTP")
-    sv.add_argument("--model", required=True, help="an official Qwen3-TTS checkpoint directory")
-    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    sv.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
-    sv.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on /v1/ (or set ${API_KEY_ENV})")
-    sv.add_argument("--served-model-name", help="the model id clients send (default: the checkpoint's family name)")
-    sv.add_argument("--no-openai-model-names", action="store_true",
-                    help="refuse OpenAI's model names (tts-1, tts-1-hd, gpt-4o-mini-tts), which are otherwise taken "
-                         "as this model's")
-    sv.add_argument("--default-format", choices=tuple(FORMATS), default="mp3",
-                    help="the audio format of a request without response_format (default mp3, as OpenAI's)")
-    sv.add_argument("--weights", choices=("fp32", "int8", "int4"), default="int4")
-    sv.add_argument("--decoder", choices=("auto", "fp32", "bf16"), default="auto", help=DECODER_HELP)
-    sv.add_argument("--threads", type=_threads, help=THREADS_HELP)
-    sv.add_argument("--fixed-threads", action="store_true", help=FIXED_THREADS_HELP)
-    sv.add_argument("--no-cache", action="store_true", help="do not read or keep the packed weights (see speak)")
-    sv.add_argument("--max-streams", type=_whole(1, 8), default=2,
-                    help="requests spoken at once, stepped together (default 2, at most 8)")
-    sv.add_argument("--max-queue", type=_count, default=4,
-                    help="requests that may wait while those are spoken (default 4); beyond: 429 with Retry-After")
-    sv.add_argument("--timeout", type=_seconds, default=120.0,
-                    help="seconds a request may take, waiting included (default 120); then 504 or a cut stream")
-    sv.add_argument("--max-frames", type=_positive, help="frames per request at most (default: the checkpoint's)")
-    sv.add_argument("--max-positions", type=_positive, default=4096,
-                    help="talker positions (prompt and frames) a request may use (default 4096)")
-    sv.add_argument("--voices", type=Path, help="a Base checkpoint's saved voices: NAME.voice files a request names "
-                                                "as its voice; voices added over HTTP are written here")
-    sv.add_argument("--allowed-local-media-path", type=Path,
-                    help="let requests give ref_audio as a file:// path inside this folder (by default only data: "
-                         "URIs; URLs are never fetched)")
-    sv.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    _serving_arguments(sv)
     sv.set_defaults(func=serve)
+    sc = sub.add_parser("serve-cluster", help="the same server as Ray Serve replicas, on a local or existing Ray "
+                                              "cluster (vllm_omni.tts.server.cluster)")
+    _serving_arguments(sc)
+    sc.add_argument("--replicas", type=_whole(1, 256), default=2, help="replicas, each its own engine (default 2)")
+    sc.add_argument("--max-replicas", type=_whole(1, 256),
+                    help="autoscale between --replicas and this many on the requests each replica holds")
+    sc.add_argument("--address", help="join this Ray cluster (ray start's address; default: start one on this machine)")
+    sc.set_defaults(func=serve_cluster)
     v = sub.add_parser("voices", help="list a checkpoint's speakers and languages")
     v.add_argument("--model", required=True)
     v.set_defaults(func=voices)

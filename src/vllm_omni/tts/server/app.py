@@ -15,6 +15,7 @@ import asyncio
 import base64
 import hmac
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -77,7 +78,7 @@ def create_app(engine: SpeechEngine, *, model_id: str, api_key: str | None = Non
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model_id, **engine.status()}
+        return {"status": "ok", "model": model_id, "pid": os.getpid(), **engine.status()}
 
     @app.get("/v1/models", dependencies=keyed)
     async def models() -> dict[str, Any]:
