@@ -64,7 +64,7 @@ serve: $(VENV)/.docs-installed
 	$(VENV)/bin/mkdocs serve --dev-addr $(SERVE_ADDR)
 
 test: $(VENV)/.test-installed $(OFFICIAL_VENV)/.installed browser
-	VLLM_OMNI_OFFICIAL_PYTHON=$(OFFICIAL_PY) $(VENV)/bin/pytest
+	VLLM_OMNI_OFFICIAL_PYTHON=$(OFFICIAL_PY) $(VENV)/bin/pytest --durations=25
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 build: $(VENV)/.docs-installed

@@ -247,7 +247,8 @@ def test_a_fault_after_the_first_sse_event_arrives_as_an_error_event(speech, mon
         kinds = [e["type"] for e in events]
         assert kinds[0] == "speech.audio.delta" and kinds[-1] == "speech.audio.error"
         assert "speech.audio.done" not in kinds
-        assert events[-1]["error"]["type"] == "server_error" and "a fault inside this stream" in events[-1]["error"]["message"]
+        error = events[-1]["error"]
+        assert error["type"] == "server_error" and "a fault inside this stream" in error["message"]
 
 
 def sse_events(lines) -> list[dict]:

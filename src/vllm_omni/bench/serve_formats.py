@@ -21,7 +21,8 @@ from vllm_omni.bench.common import BenchError, add_name, add_output, folder_path
 
 PROMPT = "Streaming audio starts playing before the sentence is finished, in the format the client asked for."
 SPEAKER, LANGUAGE, RATE, CHUNK = "ryan", "english", 24000, 4 * 1920
-CASES = ([(fmt, delivery, 1.0) for fmt in ("mp3", "opus", "flac", "wav", "pcm") for delivery in ("whole", "stream", "sse")]
+CASES = ([(fmt, delivery, 1.0) for fmt in ("mp3", "opus", "flac", "wav", "pcm")
+          for delivery in ("whole", "stream", "sse")]
          + [("pcm", "stream", 0.5), ("pcm", "stream", 2.0), ("mp3", "stream", 1.5)])
 
 

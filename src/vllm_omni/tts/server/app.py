@@ -1,6 +1,10 @@
-"""The HTTP face: an OpenAI-compatible ``/v1/audio/speech``, ``/v1/models`` and ``/health`` (FastAPI),
-and for a Base checkpoint the saved voices (``GET``/``POST /v1/audio/voices``,
-``DELETE /v1/audio/voices/{name}``, ``server.voices``).
+"""The HTTP face: an OpenAI-compatible ``/v1/audio/speech``, ``/v1/models``, ``/v1/audio/models``,
+``/health`` and a page to try it at ``/`` (FastAPI), and for a Base checkpoint the saved voices
+(``GET``/``POST /v1/audio/voices``, ``DELETE /v1/audio/voices/{name}``, ``server.voices``).
+
+A response is encoded as it is made (``tts.encode``), after the speed change (``tts.time_stretch``):
+whole, streamed, or as OpenAI's server-sent events; each request's frames are capped
+(``server.limits``) and the response says where the cap came from and why the speech ended.
 
 Why the first audio event is awaited before the response starts: until then a failure (a
 prompt the checkpoint refuses, a timeout in the queue) can still be an HTTP status with a JSON
@@ -20,19 +24,19 @@ import time
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from fastapi import Depends, FastAPI, File, Form, Request, UploadFile
 import numpy as np
+from fastapi import Depends, FastAPI, File, Form, Request, UploadFile
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
+from vllm_omni.tts.encode import Encoder, check_format, encode, media_type
 from vllm_omni.tts.prompt import PromptError, resolve_language, resolve_speaker
 from vllm_omni.tts.reference_audio import ReferenceAudioError, read_reference
 from vllm_omni.tts.server.engine import Busy, Job, SpeechEngine, Timeout
-from vllm_omni.tts.encode import Encoder, check_format, encode, media_type
 from vllm_omni.tts.server.limits import request_frames
 from vllm_omni.tts.server.protocol import (OPENAI_MODELS, TASK_TYPES, RequestError, SpeechRequest, is_openai_model,
                                           parse_request)
-from vllm_omni.tts.time_stretch import TimeStretch
 from vllm_omni.tts.server.voices import MAX_UPLOAD_BYTES, VoiceRegistry, check_name, decode_reference
+from vllm_omni.tts.time_stretch import TimeStretch
 from vllm_omni.tts.voice import VoiceError
 
 
@@ -145,8 +149,8 @@ def create_app(engine: SpeechEngine, *, model_id: str, api_key: str | None = Non
         stretch = TimeStretch(req.speed, rate) if req.speed != 1.0 else None
         headers = {"X-Sample-Rate": str(rate), "X-Frame-Limit": f"{frames}; from={cap_from}"}
         if req.stream_format == "sse":
-            return StreamingResponse(_sse(first, events, request, job, fmt, rate, stretch), media_type="text/event-stream",
-                                     headers={**headers, "Cache-Control": "no-cache"})
+            return StreamingResponse(_sse(first, events, request, job, fmt, rate, stretch),
+                                     media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
         if not req.stream:  # the whole utterance, then one response with exact sizes (or a JSON error)
             parts, event = [], first
             while event is not None and event[0] == "audio":
@@ -159,7 +163,8 @@ def create_app(engine: SpeechEngine, *, model_id: str, api_key: str | None = Non
             if stretch:
                 parts.append(stretch.finish())
             audio = await asyncio.to_thread(encode, np.concatenate(parts), fmt, rate)
-            return Response(audio, media_type=media_type(fmt), headers={**headers, "X-Stop-Reason": _stop_reason(event[1])})
+            return Response(audio, media_type=media_type(fmt),
+                            headers={**headers, "X-Stop-Reason": _stop_reason(event[1])})
 
         async def body() -> AsyncIterator[bytes]:
             """Every chunk's bytes as they are encoded; the job is cancelled if the client stops reading."""
