@@ -82,25 +82,14 @@ def _cpu_ms_per_audio_s(fn, samples, repeats: int) -> float:
     return statistics.median(times) * 1e3 / (len(samples) / RATE)
 
 
-def _encode_stream(fmt: str):
-    from vllm_omni.tts.encode import Encoder
-
+def _chunked(make):
+    """A run of ``make()``'s stage (an encoder or a speed change: ``add``, then ``finish``) over samples fed in
+    four-frame chunks, as the server feeds it."""
     def go(samples):
-        enc = Encoder(fmt, RATE)
+        stage = make()
         for i in range(0, len(samples), CHUNK):
-            enc.add(samples[i:i + CHUNK])
-        enc.finish()
-    return go
-
-
-def _stretch_stream(speed: float):
-    from vllm_omni.tts.time_stretch import TimeStretch
-
-    def go(samples):
-        ts = TimeStretch(speed, RATE)
-        for i in range(0, len(samples), CHUNK):
-            ts.add(samples[i:i + CHUNK])
-        ts.finish()
+            stage.add(samples[i:i + CHUNK])
+        stage.finish()
     return go
 
 
@@ -110,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     from vllm_omni.bench.serve_load import _Server
     from vllm_omni.bench.speak import checkpoint_note, random_checkpoint
     from vllm_omni.tts.config import load_config
+    from vllm_omni.tts.encode import Encoder
+    from vllm_omni.tts.time_stretch import TimeStretch
 
     frames = args.frames or (3 if args.quick else 50)
     repeats = args.repeats or (1 if args.quick else 5)
@@ -128,9 +119,9 @@ def run(args: argparse.Namespace) -> int:
     samples = np.frombuffer(pcm, "<i2").astype(np.float32) / 32767.0
     audio_s = len(samples) / RATE
     cpu_repeats = max(3, repeats)
-    encode_ms = {fmt: _cpu_ms_per_audio_s(_encode_stream(fmt), samples, cpu_repeats)
+    encode_ms = {fmt: _cpu_ms_per_audio_s(_chunked(lambda f=fmt: Encoder(f, RATE)), samples, cpu_repeats)
                  for fmt in ("mp3", "opus", "flac", "wav", "pcm")}
-    stretch_ms = {speed: _cpu_ms_per_audio_s(_stretch_stream(speed), samples, cpu_repeats)
+    stretch_ms = {speed: _cpu_ms_per_audio_s(_chunked(lambda v=speed: TimeStretch(v, RATE)), samples, cpu_repeats)
                   for speed in sorted({c[2] for c in CASES if c[2] != 1.0})}
     rows = []
     for fmt, delivery, speed in CASES:
