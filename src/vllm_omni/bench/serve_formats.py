@@ -17,7 +17,9 @@ import json
 import statistics
 import time
 
-from vllm_omni.bench.common import BenchError, add_name, add_output, folder_path, positive_int, write_measured
+from vllm_omni.bench.common import (
+    BenchError, add_name, add_output, folder_path, nonnegative_int, positive_int, write_measured,
+)
 
 PROMPT = "Streaming audio starts playing before the sentence is finished, in the format the client asked for."
 SPEAKER, LANGUAGE, RATE, CHUNK = "ryan", "english", 24000, 4 * 1920
@@ -35,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--frames", type=positive_int, default=None, help="frames per request (default 50; quick 3)")
     p.add_argument("--repeats", type=positive_int, default=None, help="rounds of every case (default 5; quick 1)")
     p.add_argument("--quick", action="store_true", help="a shallow checkpoint, short requests: for doctests only")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random checkpoint")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random checkpoint")
     add_name(p, "serving", "formats-<model>")
     add_output(p)
     p.set_defaults(func=run, core_clock=True)
