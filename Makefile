@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 SERVE_ADDR ?= 127.0.0.1:8000
 
-.PHONY: serve test build clean browser
+.PHONY: serve test build clean browser arm-tools
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -60,10 +60,18 @@ browser:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	else echo "chromium/chromedriver missing and cannot install them (needs root and apt-get): the browser test will skip"; fi
 
+# tests/test_arm_emulation.py cross-compiles the native kernels for aarch64 and runs them under
+# qemu-user (vllm_omni.cpu.cross). Installed the same way; without them that test skips, naming them.
+arm-tools:
+	@if command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 && command -v qemu-aarch64 >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++-aarch64-linux-gnu qemu-user >/dev/null; \
+	else echo "g++-aarch64-linux-gnu/qemu-user missing and cannot install them (needs root and apt-get): the ARM emulation test will skip"; fi
+
 serve: $(VENV)/.docs-installed
 	$(VENV)/bin/mkdocs serve --dev-addr $(SERVE_ADDR)
 
-test: $(VENV)/.test-installed $(OFFICIAL_VENV)/.installed browser
+test: $(VENV)/.test-installed $(OFFICIAL_VENV)/.installed browser arm-tools
 	VLLM_OMNI_OFFICIAL_PYTHON=$(OFFICIAL_PY) $(VENV)/bin/pytest --durations=25
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 

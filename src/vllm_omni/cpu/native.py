@@ -77,10 +77,10 @@ def _cpu_flags() -> str:
     return ""
 
 
-def _build_key(cxx: str, flags: tuple[str, ...]) -> str:
+def _build_key(cxx: str, flags: tuple[str, ...], sources: tuple[Path, ...]) -> str:
     h = hashlib.sha256()
-    for name in SOURCES:
-        h.update((CSRC / name).read_bytes())
+    for path in sources:
+        h.update(path.read_bytes())
     h.update(" ".join(flags).encode())
     try:
         h.update(subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout.encode())
@@ -91,14 +91,8 @@ def _build_key(cxx: str, flags: tuple[str, ...]) -> str:
     return h.hexdigest()[:16]
 
 
-def build(variant: str = "native") -> Path:
-    """Compile the library for ``variant`` unless a cached build exists; return its path."""
-    if variant not in VARIANT_FLAGS:
-        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANT_FLAGS)}")
-    cxx = _compiler()
-    rows = f32_rows_setting(variant)
-    flags = BASE_FLAGS + VARIANT_FLAGS[variant] + ((f"-DVO_F32_STREAMS={rows}",) if rows else ())
-    key = _build_key(cxx, flags)
+def writable_cache_dir() -> Path:
+    """``cache_dir()``, made; a per-user temporary folder where it cannot be written."""
     out_dir = cache_dir()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -107,28 +101,47 @@ def build(variant: str = "native") -> Path:
     except OSError:  # read-only home: fall back to a per-user temporary folder
         out_dir = Path(tempfile.gettempdir()) / f"vllm_omni-native-{os.getuid()}"
         out_dir.mkdir(parents=True, exist_ok=True)
-    lib = out_dir / f"libvo_kernels-{variant}-{key}.so"
-    if lib.exists():
-        return lib
+    return out_dir
+
+
+def compile_cached(cxx: str, flags: tuple[str, ...], sources: tuple[Path, ...], stem: str, suffix: str) -> Path:
+    """``cxx flags sources -o STEM-KEY{suffix}`` in the cache folder unless that build exists (KEY: the sources,
+    flags and compiler); older builds of the same stem are removed. Never half-written: built under a temporary
+    name, renamed when complete, one build at a time."""
+    out_dir = writable_cache_dir()
+    out = out_dir / f"{stem}-{_build_key(cxx, flags, sources)}{suffix}"
+    if out.exists():
+        return out
     with open(out_dir / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            if lib.exists():
-                return lib
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+            if out.exists():
+                return out
+            fd, tmp = tempfile.mkstemp(suffix=suffix or ".bin", dir=out_dir)
             os.close(fd)
-            cmd = [cxx, *flags, *(str(CSRC / s) for s in SOURCES), "-o", tmp]
+            cmd = [cxx, *flags, *(str(p) for p in sources), "-o", tmp]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 os.unlink(tmp)
                 raise NativeBuildError(f"compiling the native kernels failed:\n$ {' '.join(cmd)}\n{proc.stderr[-4000:]}")
-            os.replace(tmp, lib)
-            for old in out_dir.glob(f"libvo_kernels-{variant}-*.so"):  # builds of older sources
-                if old != lib:
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, out)
+            for old in out_dir.glob(f"{stem}-*{suffix}"):  # builds of older sources
+                if old != out and old.name[len(stem) + 1:len(old.name) - len(suffix)].isalnum():
                     old.unlink(missing_ok=True)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-    return lib
+    return out
+
+
+def build(variant: str = "native") -> Path:
+    """Compile the library for ``variant`` unless a cached build exists; return its path."""
+    if variant not in VARIANT_FLAGS:
+        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANT_FLAGS)}")
+    cxx = _compiler()
+    rows = f32_rows_setting(variant)
+    flags = BASE_FLAGS + VARIANT_FLAGS[variant] + ((f"-DVO_F32_STREAMS={rows}",) if rows else ())
+    return compile_cached(cxx, flags, tuple(CSRC / s for s in SOURCES), f"libvo_kernels-{variant}", ".so")
 
 
 # --- ctypes mirrors of the C structs (keep in the same order as vo_kernels.cpp) ----------------

@@ -1,0 +1,98 @@
+"""The native kernels on ARM, proven on this x86 machine: cross-compiled for aarch64 and run under qemu.
+
+Why emulation: the edge's CPUs are ARM (Cortex-A76 in a Raspberry Pi 5, A78AE in a Jetson Orin,
+Neoverse in Graviton), and no ARM machine is at hand. Debian's ``g++-aarch64-linux-gnu`` builds
+the kernels (``csrc/vo_kernels.cpp``, ``csrc/vo_decoder.cpp``) with a small command-line driver
+(``csrc/driver/vo_driver.cpp``: Python is not needed on the ARM side) into one static binary
+per target, and ``qemu-aarch64`` runs it as a given core would decode it: ``cortex-a76`` (dot
+product, no i8mm or bf16), ``neoverse-n1``, or ``max`` (every extension qemu knows). A core that
+lacks an instruction the build used stops with SIGILL, so each target runs only on cores that
+have its extensions.
+
+What is compared: the ARM build computes the same thing as the x86 builds on the same inputs.
+The cross builds turn off floating-point contraction (``-ffp-contract=off``, an ARM compiler
+would otherwise fuse multiply-adds), so that with the same code path as x86's ``generic`` build
+(plain C++; the AVX paths are x86-only) the results can be compared bit for bit. Emulated time
+says nothing about a device's time and is never reported as one.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from vllm_omni.cpu.native import CSRC, SOURCES, NativeBuildError, compile_cached
+
+CROSS_CXX = "aarch64-linux-gnu-g++"
+QEMU = "qemu-aarch64"
+DRIVER = CSRC / "driver" / "vo_driver.cpp"
+FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", "-static")
+# target -> (-march, qemu CPU models that have its extensions)
+TARGETS = {
+    "armv8.2-a+dotprod": ("-march=armv8.2-a+dotprod", ("cortex-a76", "neoverse-n1")),
+    "armv8.6-a+i8mm+bf16": ("-march=armv8.6-a+i8mm+bf16", ("max",)),
+}
+KIND_LINEAR, KIND_SWIGLU, KIND_UNIFORMS, KIND_SNAKE = 0, 1, 2, 3
+FMT_CODES = {"fp32": 0, "int8": 1, "int4": 2}
+
+
+class EmulationError(RuntimeError):
+    """The driver refused a case or failed under emulation."""
+
+
+def toolchain_missing() -> str | None:
+    """Why the ARM builds cannot run here (the Debian packages to install), or None."""
+    missing = [pkg for tool, pkg in ((CROSS_CXX, "g++-aarch64-linux-gnu"), (QEMU, "qemu-user"))
+               if shutil.which(tool) is None]
+    return f"needs {' and '.join(missing)} (Debian packages; `make test` installs them as root)" if missing else None
+
+
+def build(target: str) -> Path:
+    """The static aarch64 driver for ``target`` (cached beside the native library builds)."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown ARM target {target!r}; valid: {', '.join(TARGETS)}")
+    if shutil.which(CROSS_CXX) is None:
+        raise NativeBuildError(f"{CROSS_CXX} not found: install Debian's g++-aarch64-linux-gnu")
+    sources = tuple(CSRC / s for s in SOURCES) + (DRIVER,)
+    return compile_cached(shutil.which(CROSS_CXX), FLAGS + (TARGETS[target][0],), sources,
+                          f"vo_driver-{target.replace('+', '_')}", "")
+
+
+def run(binary: Path, cpu: str, case: bytes, timeout_s: float = 600) -> np.ndarray:
+    """The float32 results of ``case`` (from the ``*_case`` writers) run by ``binary`` on qemu's ``cpu``."""
+    with tempfile.TemporaryDirectory(prefix="vo-arm-") as tmp:
+        src, out = Path(tmp) / "case.bin", Path(tmp) / "out.bin"
+        src.write_bytes(case)
+        proc = subprocess.run([QEMU, "-cpu", cpu, str(binary), str(src), str(out)], capture_output=True, text=True,
+                              timeout=timeout_s)
+        if proc.returncode != 0:
+            raise EmulationError(f"{binary.name} on {cpu} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+        return np.fromfile(out, dtype="<f4")
+
+
+def _f32(a) -> bytes:
+    return np.ascontiguousarray(np.asarray(a, dtype="<f4")).tobytes()
+
+
+def linear_case(fmt: str, w: bytes, s: bytes, rows: int, cols: int, x: np.ndarray) -> bytes:
+    """``vo_linear`` of packed weights ``w`` (and scales ``s``, int8) [rows, cols] over ``x`` [M, cols]."""
+    m = int(np.asarray(x).reshape(-1, cols).shape[0])
+    return (struct.pack("<iiqqiqq", KIND_LINEAR, FMT_CODES[fmt], rows, cols, m, len(w), len(s)) + w + s + _f32(x))
+
+
+def swiglu_case(g: np.ndarray, u: np.ndarray) -> bytes:
+    return struct.pack("<ii", KIND_SWIGLU, len(g)) + _f32(g) + _f32(u)
+
+
+def uniforms_case(key: int, index0: int, n: int) -> bytes:
+    return struct.pack("<iQQq", KIND_UNIFORMS, key, index0, n)
+
+
+def snake_case(x: np.ndarray, a: np.ndarray, inv_b: np.ndarray) -> bytes:
+    c, t = np.asarray(x).shape
+    return struct.pack("<iqq", KIND_SNAKE, c, t) + _f32(x) + _f32(a) + _f32(inv_b)

@@ -1,0 +1,97 @@
+"""The native kernels cross-compiled for aarch64 and run under qemu-user (vllm_omni.cpu.cross),
+against the x86 builds of the same source on the same inputs: bit for bit against the plain C++
+build (the same code path and order of arithmetic), within the x86 tests' tolerances against
+this host's own build and the eager reference. Several emulated cores: Cortex-A76 and
+Neoverse-N1 (Armv8.2-A with dot product) and qemu's ``max`` (every extension it knows)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_omni.cpu import cross, native
+from vllm_omni.cpu.quant import dequantize, quantize
+
+reason = cross.toolchain_missing()
+pytestmark = pytest.mark.skipif(reason is not None, reason=reason or "")
+
+RUNS = [(target, cpu) for target, (_, cpus) in cross.TARGETS.items() for cpu in cpus]
+
+
+@pytest.fixture(scope="module", params=RUNS, ids=lambda r: f"{r[0]}@{r[1]}")
+def arm(request):
+    target, cpu = request.param
+    binary = cross.build(target)
+    return lambda case: cross.run(binary, cpu, case)
+
+
+def x86_linear(variant: str, m, x: np.ndarray) -> np.ndarray:
+    lib = native.load(variant)
+    mat = native.VoMat(m.data.data_ptr(), 0 if m.scale is None else m.scale.data_ptr(), m.rows, m.cols)
+    xs = np.ascontiguousarray(x, dtype=np.float32)
+    y = np.zeros((xs.shape[0], m.rows), np.float32)
+    assert lib.vo_linear(native.FMT_CODES[m.fmt], ctypes.byref(mat), xs.ctypes.data, xs.shape[0], y.ctypes.data, 2) == 0
+    return y
+
+
+def packed(fmt: str, rows: int, cols: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return quantize(torch.randn(rows, cols, generator=g) * 0.05, fmt)
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "int8", "int4"])
+@pytest.mark.parametrize("m_rows", [1, 3])
+def test_linear_equals_the_x86_builds(arm, fmt, m_rows):
+    rows, cols = 96, 320
+    m = packed(fmt, rows, cols, seed=m_rows)
+    x = np.random.default_rng(m_rows).standard_normal((m_rows, cols)).astype(np.float32)
+    w = m.data.contiguous().numpy().tobytes()
+    s = b"" if m.scale is None else m.scale.contiguous().numpy().tobytes()
+    y = arm(cross.linear_case(fmt, w, s, rows, cols, x)).reshape(m_rows, rows)
+    assert np.array_equal(y, x86_linear("generic", m, x))  # the same code, the same order: the same bits
+    eager = x @ dequantize(m).numpy().T
+    tol = {"fp32": 1e-5, "int8": 2e-2, "int4": 2e-2}[fmt]  # int8/int4: activations quantised per block too
+    assert np.abs(y - x86_linear("native", m, x)).max() <= tol * np.abs(eager).max()
+    assert np.abs(y - eager).max() <= tol * np.abs(eager).max()
+
+
+def test_a_bad_shape_is_refused_by_the_arm_kernel_as_by_the_x86_one(arm):
+    m = packed("int8", 32, 64, seed=0)
+    bad = cross.linear_case("int8", m.data.numpy().tobytes(), m.scale.numpy().tobytes(), 32, 63, np.zeros(63))
+    with pytest.raises(cross.EmulationError, match="refused the case"):
+        arm(bad)
+
+
+def test_swiglu_sampling_uniforms_and_snake_equal_the_generic_build(arm):
+    lib = native.load("generic")
+    rng = np.random.default_rng(7)
+    g, u = (rng.standard_normal(1000).astype(np.float32) * 4 for _ in range(2))
+    out = np.zeros(1000, np.float32)
+    lib.vo_swiglu(g.ctypes.data, u.ctypes.data, out.ctypes.data, 1000)
+    assert np.array_equal(arm(cross.swiglu_case(g, u)), out)
+
+    uni = np.zeros(4096, np.float32)
+    lib.vo_counter_uniforms(0xC0FFEE, 123, 4096, uni.ctypes.data)
+    assert np.array_equal(arm(cross.uniforms_case(0xC0FFEE, 123, 4096)), uni)
+
+    x = rng.standard_normal((96, 400)).astype(np.float32) * 3
+    a, b = rng.uniform(0.5, 2, 96).astype(np.float32), rng.uniform(0.5, 2, 96).astype(np.float32)
+    y = np.zeros_like(x)
+    lib.vo_snake(x.ctypes.data, y.ctypes.data, 96, 400, a.ctypes.data, b.ctypes.data, 2)
+    got = arm(cross.snake_case(x, a, b)).reshape(96, 400)
+    assert np.array_equal(got, y)
+    assert np.abs(got - (x + b[:, None] * np.sin(a[:, None] * x) ** 2)).max() < 1e-5
+
+
+def test_a_cut_case_file_is_an_error_naming_the_binary_and_the_core(arm):
+    case = cross.swiglu_case(np.ones(64), np.ones(64))
+    with pytest.raises(cross.EmulationError, match=r"vo_driver-.* on .* exited 2: .*cut short"):
+        arm(case[:-4])
+
+
+def test_unknown_targets_are_refused_by_name():
+    with pytest.raises(ValueError, match="unknown ARM target 'armv9'; valid: armv8.2-a"):
+        cross.build("armv9")
