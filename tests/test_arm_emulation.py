@@ -1,8 +1,9 @@
 """The native kernels cross-compiled for aarch64 and run under qemu-user (vllm_omni.cpu.cross),
 against the x86 builds of the same source on the same inputs: bit for bit against the plain C++
-build (the same code path and order of arithmetic), within the x86 tests' tolerances against
-this host's own build and the eager reference. Several emulated cores: Cortex-A76 and
-Neoverse-N1 (Armv8.2-A with dot product) and qemu's ``max`` (every extension it knows)."""
+build (the ARM loops keep its order of arithmetic), within the x86 tests' tolerances against
+this host's own build and the eager reference. Several emulated cores: Cortex-A53 (Armv8.0, the
+plain C loops), Cortex-A76 and Neoverse-N1 (Armv8.2-A with the dot product: arch/arm's NEON
+loops) and qemu's ``max`` (every extension it knows)."""
 
 from __future__ import annotations
 
@@ -43,9 +44,8 @@ def packed(fmt: str, rows: int, cols: int, seed: int):
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "int8", "int4"])
-@pytest.mark.parametrize("m_rows", [1, 3])
-def test_linear_equals_the_x86_builds(arm, fmt, m_rows):
-    rows, cols = 96, 320
+@pytest.mark.parametrize("m_rows, rows, cols", [(1, 96, 320), (3, 96, 320), (2, 64, 2048)])
+def test_linear_equals_the_x86_builds(arm, fmt, m_rows, rows, cols):
     m = packed(fmt, rows, cols, seed=m_rows)
     x = np.random.default_rng(m_rows).standard_normal((m_rows, cols)).astype(np.float32)
     w = m.data.contiguous().numpy().tobytes()
@@ -92,6 +92,21 @@ def test_a_cut_case_file_is_an_error_naming_the_binary_and_the_core(arm):
         arm(case[:-4])
 
 
+def test_each_target_runs_the_loops_meant_for_it():
+    assert cross.isa(cross.build("armv8-a"), "cortex-a53") == "generic C"
+    for target in ("armv8.2-a+dotprod", "armv8.6-a+i8mm+bf16"):
+        cpu = cross.TARGETS[target][1][0]
+        assert cross.isa(cross.build(target), cpu) == "NEON dot product"
+
+
+def test_a_core_without_the_dot_product_stops_at_the_first_sdot():
+    """Cortex-A53 (Armv8.0) lacks SDOT: the dot-product build's int8 GEMV stops there, and says so."""
+    m = packed("int8", 32, 64, seed=0)
+    case = cross.linear_case("int8", m.data.numpy().tobytes(), m.scale.numpy().tobytes(), 32, 64, np.ones((1, 64)))
+    with pytest.raises(cross.EmulationError, match="on cortex-a53 exited -4 .SIGILL"):
+        cross.run(cross.build("armv8.2-a+dotprod"), "cortex-a53", case)
+
+
 def test_unknown_targets_are_refused_by_name():
-    with pytest.raises(ValueError, match="unknown ARM target 'armv9'; valid: armv8.2-a"):
+    with pytest.raises(ValueError, match="unknown ARM target 'armv9'; valid: armv8-a, armv8.2-a"):
         cross.build("armv9")

@@ -32,8 +32,10 @@ CROSS_CXX = "aarch64-linux-gnu-g++"
 QEMU = "qemu-aarch64"
 DRIVER = CSRC / "driver" / "vo_driver.cpp"
 FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", "-static")
-# target -> (-march, qemu CPU models that have its extensions)
+# target -> (-march, qemu CPU models that have its extensions). Armv8.0 has no dot product: its
+# build runs the plain C loops, as the x86 generic build does; the others run arch/arm's NEON.
 TARGETS = {
+    "armv8-a": ("-march=armv8-a", ("cortex-a53",)),
     "armv8.2-a+dotprod": ("-march=armv8.2-a+dotprod", ("cortex-a76", "neoverse-n1")),
     "armv8.6-a+i8mm+bf16": ("-march=armv8.6-a+i8mm+bf16", ("max",)),
 }
@@ -65,14 +67,28 @@ def build(target: str) -> Path:
 
 def run(binary: Path, cpu: str, case: bytes, timeout_s: float = 600) -> np.ndarray:
     """The float32 results of ``case`` (from the ``*_case`` writers) run by ``binary`` on qemu's ``cpu``."""
+    return _run(binary, cpu, case, timeout_s)[0]
+
+
+def isa(binary: Path, cpu: str) -> str:
+    """The instruction-set path ``binary`` was compiled with (``native.ISA_NAMES``), as it reports it."""
+    from vllm_omni.cpu.native import ISA_NAMES
+
+    code = int(_run(binary, cpu, uniforms_case(0, 0, 1), 600)[1].split()[-1])
+    return ISA_NAMES[code]
+
+
+def _run(binary: Path, cpu: str, case: bytes, timeout_s: float) -> tuple[np.ndarray, str]:
     with tempfile.TemporaryDirectory(prefix="vo-arm-") as tmp:
         src, out = Path(tmp) / "case.bin", Path(tmp) / "out.bin"
         src.write_bytes(case)
         proc = subprocess.run([QEMU, "-cpu", cpu, str(binary), str(src), str(out)], capture_output=True, text=True,
                               timeout=timeout_s)
         if proc.returncode != 0:
-            raise EmulationError(f"{binary.name} on {cpu} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
-        return np.fromfile(out, dtype="<f4")
+            what = " (SIGILL: an instruction this core lacks)" if proc.returncode == -4 else ""
+            raise EmulationError(f"{binary.name} on {cpu} exited {proc.returncode}{what}: "
+                                 f"{proc.stderr.strip()[-2000:]}")
+        return np.fromfile(out, dtype="<f4"), proc.stdout
 
 
 def _f32(a) -> bytes:

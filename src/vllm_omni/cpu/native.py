@@ -40,7 +40,7 @@ VARIANT_FLAGS = {
     "avx2": ("-mavx2", "-mfma", "-mf16c"),
     "generic": ("-march=x86-64",),
 }
-ISA_NAMES = {0: "generic C", 1: "AVX2", 2: "AVX-512 VNNI"}
+ISA_NAMES = {0: "generic C", 1: "AVX2", 2: "AVX-512 VNNI", 3: "NEON dot product"}
 
 
 class NativeBuildError(RuntimeError):

@@ -42,6 +42,9 @@
 #if defined(VO_AVX2) && !defined(VO_AVX512VNNI)
 #define VO_AVX2_ONLY 1  // the AVX2 build, on a host without AVX-512 VNNI (or asked for, variant "avx2")
 #endif
+#if defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)
+#define VO_NEON_DOT 1  // ARM with the dot product: the int4 and int8 tile loops of arch/arm/
+#endif
 
 namespace {
 
@@ -577,6 +580,10 @@ inline void q4_tile2(const uint8_t* wa, const uint8_t* wb, const Act& a, int64_t
     }
 }
 constexpr int Q4_STREAMS = 2;
+#elif defined(VO_NEON_DOT)
+}  // namespace
+#include "arch/arm/q4_tile.h"
+namespace {
 #else
 inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
     for (int r = 0; r < Q4_TILE; ++r) {
@@ -700,6 +707,10 @@ inline void q8_tile2(const uint8_t* wa, const uint8_t* wb, const Act& a, int64_t
         _mm256_storeu_ps(ob + 8 * k, _mm256_add_ps(fb[k][0], fb[k][1]));
     }
 }
+#elif defined(VO_NEON_DOT)
+}  // namespace
+#include "arch/arm/q8_tile.h"
+namespace {
 #else
 inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
     for (int r = 0; r < Q8_TILE; ++r) {
@@ -1461,6 +1472,8 @@ int32_t vo_isa() {
     return 2;
 #elif defined(VO_AVX2)
     return 1;
+#elif defined(VO_NEON_DOT)
+    return 3;
 #else
     return 0;
 #endif
