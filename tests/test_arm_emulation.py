@@ -110,3 +110,33 @@ def test_a_core_without_the_dot_product_stops_at_the_first_sdot():
 def test_unknown_targets_are_refused_by_name():
     with pytest.raises(ValueError, match="unknown ARM target 'armv9'; valid: armv8-a, armv8.2-a"):
         cross.build("armv9")
+
+
+@pytest.mark.parametrize("variant", ["dotprod", "generic"])
+def test_an_arm_hosts_own_builds_compile(variant, tmp_path):
+    """What ``native.build`` runs on an aarch64 host, cross-compiled here (all but -mcpu=native, which
+    names the host's own core)."""
+    import subprocess
+
+    flags = native.BASE_FLAGS + native.ARM_VARIANT_FLAGS[variant]
+    out = tmp_path / f"libvo_kernels-{variant}.so"
+    proc = subprocess.run([cross.CROSS_CXX, *flags, *(str(native.CSRC / s) for s in native.SOURCES), "-o", str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert out.read_bytes()[:4] == b"\x7fELF" and out.read_bytes()[18] == 183  # e_machine: EM_AARCH64
+
+
+def test_an_arm_hosts_cpuinfo_names_its_core_and_features():
+    from vllm_omni.results.provenance import parse_cpuinfo
+
+    pi5 = "\n\n".join(
+        f"processor\t: {i}\nBogoMIPS\t: 108.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp "
+        "asimdhp cpuid asimdrdm lrcpc dcpop asimddp\nCPU implementer\t: 0x41\nCPU architecture: 8\n"
+        "CPU variant\t: 0x4\nCPU part\t: 0xd0b\nCPU revision\t: 1" for i in range(4))
+    info = parse_cpuinfo(pi5)
+    assert info["model"] == "Cortex-A76" and info["logical_cpus"] == 4
+    assert info["cpu_id"] == "implementer 0x41, part 0xd0b, variant 0x4, revision 1"
+    assert {"asimd", "asimddp"} <= info["flags"] and "i8mm" not in info["flags"]
+    x86 = parse_cpuinfo("processor : 0\ncpu family : 6\nmodel : 167\nstepping : 1\nmodel name : Intel Xeon\n"
+                        "flags : fpu avx2 avx512f\n")
+    assert x86["cpu_id"] == "family 6, model 167, stepping 1" and x86["model"] == "Intel Xeon"

@@ -23,7 +23,7 @@ def test_the_default_follows_the_hosts_measured(monkeypatch, cpu_id, variant, ro
     assert native.f32_rows_setting(variant) == rows
 
 
-@pytest.mark.parametrize("variant", ["native", "avx2", "generic"])
+@pytest.mark.parametrize("variant", list(native.VARIANT_FLAGS))
 @pytest.mark.parametrize("text", ["1", "2", "4"])
 def test_the_variable_overrides_the_default_in_every_build(monkeypatch, text, variant):
     monkeypatch.setenv(native.F32_ROWS_ENV, text)

@@ -161,7 +161,7 @@ def _read_sweeps(fmt, mats, sweeps, threads, variant="native"):
 
 @pytest.mark.parametrize("fmt", ["fp32", "int8", "int4"])
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("variant", ["native", "avx2", "generic"])
+@pytest.mark.parametrize("variant", list(native.VARIANT_FLAGS))
 def test_read_sweeps_read_every_byte_the_gemvs_read_once_per_sweep(fmt, threads, variant):
     g = torch.Generator().manual_seed(5)
     packed = [quantize(torch.randn(rows, cols, generator=g), fmt) for rows, cols in ((160, 3072), (224, 1088))]

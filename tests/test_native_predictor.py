@@ -20,6 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from vllm_omni.cpu import native  # noqa: E402
 from vllm_omni.cpu.quant import dequantized_weights  # noqa: E402
 from vllm_omni.cpu.reference import ReferencePredictor, ReferenceTalker  # noqa: E402
 from vllm_omni.cpu.sampler import draw_uniforms  # noqa: E402
@@ -241,7 +242,10 @@ def test_quantized_frame_matches_reference_on_dequantized_weights(fmt):
         torch.testing.assert_close(emb_sum, want, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("variant", ["avx2", "generic"])
+OTHER_BUILDS = [v for v in native.VARIANT_FLAGS if v != "native"]  # x86: avx2, generic; ARM: dotprod, generic
+
+
+@pytest.mark.parametrize("variant", OTHER_BUILDS)
 @pytest.mark.parametrize("fmt", ["fp32", "int8", "int4"])
 def test_fallback_instruction_sets_agree(variant, fmt):
     """The AVX2 and plain-C builds compute what the host build computes (1-layer stack)."""
@@ -262,7 +266,7 @@ def test_fallback_instruction_sets_agree(variant, fmt):
         assert mx < 0.01 and mean < 0.001, (mx, mean)
 
 
-@pytest.mark.parametrize("variant", ["avx2", "generic"])
+@pytest.mark.parametrize("variant", OTHER_BUILDS)
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_tiles_agree_bit_for_bit_across_builds(variant, fmt):
     """Every build sums a tile's even and odd groups apart and scales each group with one fused
@@ -288,7 +292,7 @@ def test_tiles_agree_bit_for_bit_across_builds(variant, fmt):
         assert torch.equal(ys[0], ys[1]), threads
 
 
-@pytest.mark.parametrize("variant", ["native", "avx2", "generic"])
+@pytest.mark.parametrize("variant", list(native.VARIANT_FLAGS))
 def test_int8_tiles_stay_exact_at_the_largest_magnitudes(variant):
     """Weights and activations of one magnitude quantise to +-127 everywhere, so each int16 pair
     sum of the AVX2 dot is +-2 * 127 * 127, the most it can hold without saturating. The product
@@ -532,7 +536,7 @@ def test_vo_linear_int4_takes_long_rows():
     assert float((y - ref).abs().max()) < QUANT_MAX_REL * float(ref.abs().max())
 
 
-@pytest.mark.parametrize("variant", ["native", "avx2", "generic"])
+@pytest.mark.parametrize("variant", list(native.VARIANT_FLAGS))
 def test_swiglu_exponential_is_within_a_few_ulp(variant):
     """The gate/up GEMV's SwiGLU takes exp from a polynomial on whole vectors of 8 (std::exp for
     the rest and in the plain-C build). Against float64: within 4e-7 relative (a few float ulp)

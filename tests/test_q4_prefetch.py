@@ -35,6 +35,10 @@ def test_a_bad_setting_is_refused_with_what_to_do(monkeypatch, text):
         native.q4_prefetch_groups()
 
 
+X86 = pytest.mark.skipif("avx2" not in native.VARIANT_FLAGS, reason="the AVX2 build is x86's (this host is ARM)")
+
+
+@X86
 def test_only_the_avx2_build_has_the_prefetch():
     lib = native.load("avx2")
     before = native.q4_prefetch("avx2")
@@ -48,6 +52,7 @@ def test_only_the_avx2_build_has_the_prefetch():
         assert native.q4_prefetch() is None
 
 
+@X86
 def test_prefetching_changes_no_bit_of_an_int4_frame():
     from vllm_omni.cpu.predictor import FusedPredictor
     from vllm_omni.cpu.weights import random_predictor_weights

