@@ -7,7 +7,8 @@
   when the session passes, as pytest does with ``tmp_path`` (``tmp_path_retention_policy``).
 - ``--8<--`` includes are expanded with pymdownx's own preprocessor, exactly as the site does.
 - ``<!-- skip: next if(not HAS_CUDA, reason="...") -->`` skips the next block; the flags
-  (HAS_CUDA, HAS_MPS, HAS_AVX2, HAS_AVX512, HAS_AMX, HAS_TORCH, HAS_VLLM, HAS_CXX, HAS_ENGINES) are in the
+  (HAS_CUDA, HAS_MPS, HAS_AVX2, HAS_AVX512, HAS_AMX, HAS_TORCH, HAS_VLLM, HAS_CXX, HAS_ENGINES,
+  HAS_ARM_EMULATION) are in the
   namespace. Ordinary tests use the mirroring pytest markers (gpu, mps, avx512, amx, vllm, engines).
 """
 

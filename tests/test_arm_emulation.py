@@ -7,8 +7,6 @@ loops) and qemu's ``max`` (every extension it knows)."""
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
 import torch
@@ -29,15 +27,6 @@ def arm(request):
     return lambda case: cross.run(binary, cpu, case)
 
 
-def x86_linear(variant: str, m, x: np.ndarray) -> np.ndarray:
-    lib = native.load(variant)
-    mat = native.VoMat(m.data.data_ptr(), 0 if m.scale is None else m.scale.data_ptr(), m.rows, m.cols)
-    xs = np.ascontiguousarray(x, dtype=np.float32)
-    y = np.zeros((xs.shape[0], m.rows), np.float32)
-    assert lib.vo_linear(native.FMT_CODES[m.fmt], ctypes.byref(mat), xs.ctypes.data, xs.shape[0], y.ctypes.data, 2) == 0
-    return y
-
-
 def packed(fmt: str, rows: int, cols: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     return quantize(torch.randn(rows, cols, generator=g) * 0.05, fmt)
@@ -48,13 +37,11 @@ def packed(fmt: str, rows: int, cols: int, seed: int):
 def test_linear_equals_the_x86_builds(arm, fmt, m_rows, rows, cols):
     m = packed(fmt, rows, cols, seed=m_rows)
     x = np.random.default_rng(m_rows).standard_normal((m_rows, cols)).astype(np.float32)
-    w = m.data.contiguous().numpy().tobytes()
-    s = b"" if m.scale is None else m.scale.contiguous().numpy().tobytes()
-    y = arm(cross.linear_case(fmt, w, s, rows, cols, x)).reshape(m_rows, rows)
-    assert np.array_equal(y, x86_linear("generic", m, x))  # the same code, the same order: the same bits
+    y = arm(cross.matrix_case(m, x)).reshape(m_rows, rows)
+    assert np.array_equal(y, cross.host_linear("generic", m, x))  # the same code, the same order: the same bits
     eager = x @ dequantize(m).numpy().T
     tol = {"fp32": 1e-5, "int8": 2e-2, "int4": 2e-2}[fmt]  # int8/int4: activations quantised per block too
-    assert np.abs(y - x86_linear("native", m, x)).max() <= tol * np.abs(eager).max()
+    assert np.abs(y - cross.host_linear("native", m, x)).max() <= tol * np.abs(eager).max()
     assert np.abs(y - eager).max() <= tol * np.abs(eager).max()
 
 

@@ -91,6 +91,28 @@ def _run(binary: Path, cpu: str, case: bytes, timeout_s: float) -> tuple[np.ndar
         return np.fromfile(out, dtype="<f4"), proc.stdout
 
 
+def matrix_case(m, x: np.ndarray) -> bytes:
+    """``linear_case`` of a packed ``vllm_omni.cpu.quant.QuantMatrix``."""
+    w = m.data.contiguous().numpy().tobytes()
+    s = b"" if m.scale is None else m.scale.contiguous().numpy().tobytes()
+    return linear_case(m.fmt, w, s, m.rows, m.cols, x)
+
+
+def host_linear(variant: str, m, x: np.ndarray) -> np.ndarray:
+    """The same ``vo_linear`` on this host's ``variant`` build of the kernels: what the ARM run is compared with."""
+    import ctypes
+
+    from vllm_omni.cpu import native
+
+    lib = native.load(variant)
+    mat = native.VoMat(m.data.data_ptr(), 0 if m.scale is None else m.scale.data_ptr(), m.rows, m.cols)
+    xs = np.ascontiguousarray(np.asarray(x, dtype=np.float32).reshape(-1, m.cols))
+    y = np.zeros((xs.shape[0], m.rows), np.float32)
+    if lib.vo_linear(native.FMT_CODES[m.fmt], ctypes.byref(mat), xs.ctypes.data, xs.shape[0], y.ctypes.data, 2) != 0:
+        raise ValueError(f"vo_linear refused a {m.fmt} matrix of {m.rows} x {m.cols}")
+    return y
+
+
 def _f32(a) -> bytes:
     return np.ascontiguousarray(np.asarray(a, dtype="<f4")).tobytes()
 

@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # pandas is imported only when a DataFrame is asked for
     import pandas as pd
 
 ORIGIN_LABELS = {
-    "transcribed": "transcribed from the study",
+    "transcribed": "transcribed from a published source",
     "measured": "measured here",
     "computed": "computed by this package",
 }

@@ -144,8 +144,8 @@ def artifact_page(art: Artifact, cited_by: Iterable[tuple[str, str]]) -> str:
             ]
     else:
         lines += [
-            "This artifact is transcribed: its figures come from the study's text "
-            f"({prov['source']}). There is no command to rerun; the raw captures are not public.",
+            "This artifact is transcribed: its figures come from published text (the study's, a report's or "
+            f"a peer project's: {prov['source']}). There is no command to rerun; the raw captures are not public.",
             "",
         ]
     lines += check_yourself(art)
@@ -205,9 +205,9 @@ def check_yourself(art: Artifact) -> list[str]:
     command = rerun_command(art)
     if command is None:
         lines += [
-            "There is no run to repeat: every figure here was carried over from the study's text, and "
+            "There is no run to repeat: every figure here was carried over from published text, and "
             f"the provenance names the place (*{_prov_value(art.provenance['source'])}*). Check each cell "
-            "against that section of the source; the study's raw captures are not public. Where the study does arithmetic with "
+            "against that section of the source; its raw captures are not public. Where the study does arithmetic with "
             "these figures, `vllm-omni-bench audit` redoes it and the claims audit (Analysis, Claims "
             "audit) shows each claim with its verdict:",
             "",
@@ -255,7 +255,8 @@ def index_page(artifacts: dict[str, Artifact], citations: dict[str, set[tuple[st
         "# Artifacts",
         "",
         "Every figure on this site comes from one of these files under `results/`. "
-        "*Transcribed* figures are carried over from the study's text; *measured* ones were "
+        "*Transcribed* figures are carried over from published text (the study's, the technical report's, "
+        "peer projects'), each file naming its source; *measured* ones were "
         "produced here by `vllm-omni-bench`, which records its own provenance; *computed* ones "
         "are derived by this package and kept fresh by a test.",
         "",
