@@ -28,6 +28,7 @@ from vllm_omni.bench.common import (
     write_measured,
 )
 from vllm_omni.bench.predictor import PASS_POSITION
+from vllm_omni.cpu.native import VARIANT_FLAGS
 from vllm_omni.models import get_model
 
 FORMATS = ("fp32", "int8", "int4")
@@ -43,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=positive_int, default=None, help="rounds per set, each probe then GEMVs (default 3; --quick 1)")
     p.add_argument("--quick", action="store_true", help="fewer sweeps, a smaller memory set: for doctests, not for figures")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights")
-    p.add_argument("--variant", choices=("native", "avx2", "generic"), default="native",
+    p.add_argument("--variant", choices=tuple(VARIANT_FLAGS), default="native",
                    help="build of the fused kernels: this CPU's full ISA (default), AVX2 only, or plain C")
     add_name(p, "cpu-path", "gemv-speed-t<thread counts>[-<variant>]")
     add_output(p)

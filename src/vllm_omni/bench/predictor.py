@@ -29,6 +29,7 @@ from vllm_omni.bench.common import (
     BenchError, WEIGHT_FORMATS, add_name, add_output, cpu_threads, median, nonnegative_int, positive_int, thread_counts,
     time_calls, write_measured,
 )
+from vllm_omni.cpu.native import VARIANT_FLAGS
 from vllm_omni.models import get_model, predictor_pass_bytes
 
 FUSED_FORMATS = ("fp32", "int8", "int4")
@@ -59,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="few repetitions: for doctests, not for figures")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights and inputs")
     p.add_argument("--rounds", type=positive_int, default=None, help="interleaved rounds (default 5; --quick 1)")
-    p.add_argument("--variant", choices=("native", "avx2", "generic"), default="native",
+    p.add_argument("--variant", choices=tuple(VARIANT_FLAGS), default="native",
                    help="build of the fused kernels: this CPU's full ISA (default), AVX2 only, or plain C "
                         "(the fused kernel only)")
     add_name(p, "cpu-path", "predictor-<impl>-<weights>-t<thread counts>[-<model>][-<variant>]")
