@@ -44,6 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=positive_int, default=None, help="rounds per set, each probe then GEMVs (default 3; --quick 1)")
     p.add_argument("--quick", action="store_true", help="fewer sweeps, a smaller memory set: for doctests, not for figures")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights")
+    p.add_argument("--sets", default=",".join(SETS),
+                   help=f"comma-separated weight sets to time (default all: {','.join(SETS)}); e.g. 'in L2' alone "
+                        "for the loops' own speed, where the memory set of a host with a large L3 takes minutes")
     p.add_argument("--variant", choices=tuple(VARIANT_FLAGS), default="native",
                    help="build of the fused kernels: this CPU's full ISA (default), AVX2 only, or plain C")
     add_name(p, "cpu-path", "gemv-speed-t<thread counts>[-<variant>]")
@@ -68,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from vllm_omni.results import provenance
 
     fmts = parse_list(args.weights, FORMATS, "weights")
+    chosen = parse_list(args.sets, SETS, "sets")
     counts = thread_counts(args)
     rounds = args.rounds or (1 if args.quick else 3)
     l2, l3 = provenance.cache_bytes(2), provenance.cache_bytes(3)
@@ -86,19 +90,20 @@ def run(args: argparse.Namespace) -> int:
         by_size: dict[int, G.WeightSet] = {}  # the L3 and memory sets do not depend on the thread count
         for t in counts:
             p.set_threads(t)
-            sizes = set_sizes(t, l2_used, l3_used, args.quick)
+            sizes = {k: v for k, v in set_sizes(t, l2_used, l3_used, args.quick).items() if k in chosen}
             for size in sizes.values():
                 if size not in by_size:
                     by_size[size] = G.weight_set(fmt, size, seed=args.seed)
             sets = {name: by_size[size] for name, size in sizes.items()}
-            sets["pass matrices"] = G.pass_weight_set(p)
-            probe = {name: 0.0 for name in SETS}
-            sweeps = {name: [] for name in SETS}
-            reads = {name: [] for name in SETS}
+            if "pass matrices" in chosen:
+                sets["pass matrices"] = G.pass_weight_set(p)
+            probe = {name: 0.0 for name in chosen}
+            sweeps = {name: [] for name in chosen}
+            reads = {name: [] for name in chosen}
             passes: list[float] = []
             p.pass_once(x, position=PASS_POSITION, head=0)  # warm-up
             for _ in range(rounds):
-                for name in SETS:
+                for name in chosen:
                     ws = sets[name]
                     probe[name] = max(probe[name], working_set_read_bandwidth(t, ws.nbytes, args.quick))
                     n = G.sweeps_for(ws.nbytes, args.quick)
@@ -107,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
                     if name == "pass matrices":
                         passes += time_calls(lambda: p.pass_once(x, position=PASS_POSITION, head=0),
                                              repeats=pass_reps, warmup=1)
-            for name in SETS:
+            for name in chosen:
                 ws, secs = sets[name], sweeps[name]
                 med_s, best_s = median(secs), min(secs)
                 gb_med, gb_best = ws.nbytes / med_s / 1e9, ws.nbytes / best_s / 1e9
@@ -126,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
                       + ("" if pass_ms is None else f"; pass {pass_ms:.3f} ms, GEMVs {med_s * 1e3:.3f} ms"))
             run_info[f"{fmt}/t{t}"] = {name: {"matrices": len(sets[name].mats), "sweeps": len(sweeps[name]),
                                               "read_sweeps": len(reads[name])}
-                                       for name in SETS}
+                                       for name in chosen}
         del p
     tcs = "-".join(str(t) for t in counts)
     write_measured(
@@ -161,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
                  "columns": ["GEMVs median", "GEMVs best / probe"]},
         run={"l2_bytes_per_core": l2, "l3_bytes": l3, "rounds": rounds, "pass_repeats_per_round": pass_reps,
              "pass_kv_position": PASS_POSITION, "native_isa": isa(args.variant), "variant": args.variant,
+             "weight_sets": list(chosen),
              **kernel_settings(args.variant),
              "sets": run_info},
         notes=("GB/s = packed weight bytes (with their scales) decoded per second, 1e9 B/s. A sweep runs the "

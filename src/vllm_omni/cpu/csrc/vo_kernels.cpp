@@ -46,6 +46,19 @@
 #define VO_NEON_DOT 1  // ARM with the dot product: the int4 and int8 tile loops of arch/arm/
 #endif
 
+// The body of an inner loop, marked for LLVM's llvm-mca (vllm_omni.cpu.loop_analysis) in the
+// builds that define VO_MCA_MARKERS, which are compiled to assembly for analysis and never run.
+#if defined(VO_MCA_MARKERS) && defined(__aarch64__)
+#define VO_MCA_BEGIN(name) asm volatile("// LLVM-MCA-BEGIN " name)
+#define VO_MCA_END() asm volatile("// LLVM-MCA-END")
+#elif defined(VO_MCA_MARKERS)
+#define VO_MCA_BEGIN(name) asm volatile("# LLVM-MCA-BEGIN " name)
+#define VO_MCA_END() asm volatile("# LLVM-MCA-END")
+#else
+#define VO_MCA_BEGIN(name)
+#define VO_MCA_END()
+#endif
+
 namespace {
 
 enum Fmt : int32_t { FMT_F32 = 0, FMT_I8 = 1, FMT_I4 = 2 };
@@ -378,6 +391,7 @@ inline void q4_prefetch(const uint8_t*) {}
 #if defined(VO_AVX512VNNI)
 // lo/hi + the scaled sums of group g for rows 0-15/16-31 of a tile; x: the group's 576 bytes.
 inline void q4_group32(const uint8_t* x, const Act& a, int64_t g, __m512& lo, __m512& hi) {
+    VO_MCA_BEGIN("q4_group");
     const __m512i m4 = _mm512_set1_epi8(0x0f), z = _mm512_setzero_si512();
     const int8_t* q = a.q + g * 32;
     // acc + the dot of line bytes wb with activation word i, the word broadcast inside the
@@ -409,6 +423,7 @@ inline void q4_group32(const uint8_t* x, const Act& a, int64_t g, __m512& lo, __
     const __m512 ch = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(x + 32))), d);
     lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl), cl, lo);
     hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sh), ch, hi);
+    VO_MCA_END();
 }
 
 // out[0..32) = the 32 rows of a tile at w . a (cols inputs), group(x, a, g, lo, hi) adding group
@@ -533,6 +548,7 @@ inline void q4_tile_rows_n(const uint8_t* w, const Act* a, int n, int64_t cols, 
 // Each group asks for the group q4_prefetch_groups ahead of it in its tile (q4_prefetch).
 inline void q4_group_avx2(const uint8_t* x, const Act& a, int64_t g, __m256 (*f)[2]) {
     q4_prefetch(x);
+    VO_MCA_BEGIN("q4_group");
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const uint16_t* sc = (const uint16_t*)x;
     const int8_t* q = a.q + g * 32;
@@ -554,6 +570,7 @@ inline void q4_group_avx2(const uint8_t* x, const Act& a, int64_t g, __m256 (*f)
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[k]), scl, acc);
         }
     }
+    VO_MCA_END();
 }
 
 inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
@@ -593,12 +610,14 @@ inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
             const uint8_t* x = w + g * Q4_GROUP_BYTES;
             uint16_t sc;
             std::memcpy(&sc, x + 2 * r, 2);
+            VO_MCA_BEGIN("q4_row");
             const int8_t* q = a.q + g * 32;
             int32_t t = a.gcorr[2 * g];
             for (int j = 0; j < 8; ++j)
                 for (int b = 0; b < 4; ++b)
                     t += (int32_t)((x[64 + 64 * j + 4 * lane + b] >> shift) & 0x0f) * q[4 * j + b];
             acc[g & 1] = std::fma((float)t, half_to_float(sc) * a.d[g], acc[g & 1]);
+            VO_MCA_END();
         }
         out[r] = acc[0] + acc[1];
     }
@@ -636,6 +655,7 @@ inline const uint8_t* q8_tile_at(const VoMat& m, int64_t r0) { return (const uin
 #if defined(VO_AVX512VNNI)
 // lo/hi + the scaled integer sums of group g for rows 0-15/16-31; x: the group's 1024 bytes.
 inline void q8_group32(const uint8_t* x, const Act& a, int64_t g, __m512& lo, __m512& hi) {
+    VO_MCA_BEGIN("q8_group");
     const int8_t* q = a.q + g * 32;
     auto dot = [q](__m512i acc, const uint8_t* line, int i) {
         asm("vpdpbusd %2%{1to16%}, %1, %0"
@@ -655,6 +675,7 @@ inline void q8_group32(const uint8_t* x, const Act& a, int64_t g, __m512& lo, __
     const __m512 d = _mm512_set1_ps(a.d[g]);
     lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(l0, l1)), d, lo);
     hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(h0, h1)), d, hi);
+    VO_MCA_END();
 }
 
 // out[0..32) = the 32 rows of the tile at w . a, without their row scales.
@@ -667,6 +688,7 @@ inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
 // which is broadcast once per line pair and serves the four 8-row parts.
 // f[k][g & 1] += the scaled sums of group g (bytes x) for rows 8k .. 8k + 7.
 inline void q8_group_avx2(const uint8_t* x, const Act& a, int64_t g, __m256 (*f)[2]) {
+    VO_MCA_BEGIN("q8_group");
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     const int8_t* q = a.q + g * 32;
     __m256i s[4];  // rows 8k .. 8k + 7: 32-byte part k of each line pair (k / 2: the row half)
@@ -680,6 +702,7 @@ inline void q8_group_avx2(const uint8_t* x, const Act& a, int64_t g, __m256 (*f)
     }
     const __m256 d = _mm256_set1_ps(a.d[g]);
     for (int k = 0; k < 4; ++k) f[k][g & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[k]), d, f[k][g & 1]);
+    VO_MCA_END();
 }
 
 inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
@@ -718,11 +741,13 @@ inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
         float acc[2] = {0.f, 0.f};
         for (int64_t g = 0; g < cols / 32; ++g) {
             const uint8_t* x = w + g * Q8_GROUP_BYTES + lane;
+            VO_MCA_BEGIN("q8_row");
             const int8_t* q = a.q + g * 32;
             int32_t t = 0;
             for (int j = 0; j < 8; ++j)
                 for (int b = 0; b < 4; ++b) t += ((int32_t)x[128 * j + b] - 128) * q[4 * j + b];
             acc[g & 1] = std::fma((float)t, a.d[g], acc[g & 1]);
+            VO_MCA_END();
         }
         out[r] = acc[0] + acc[1];
     }

@@ -21,6 +21,7 @@ namespace {
 
 // f[i][g & 1] += the scaled sums of int4 group g (bytes x) for rows 4i .. 4i + 3 (i < 8).
 inline void q4_group_neon(const uint8_t* x, const Act& a, int64_t g, float32x4_t (*f)[2]) {
+    VO_MCA_BEGIN("q4_group");
     const int8_t* q = a.q + g * 32;
     const uint8x16_t m4 = vdupq_n_u8(0x0f);
     int32x4_t s[8];  // rows 4i .. 4i + 3; i >= 4: the high nibbles, rows 16 + 4(i - 4) ..
@@ -38,6 +39,7 @@ inline void q4_group_neon(const uint8_t* x, const Act& a, int64_t g, float32x4_t
         const float32x4_t scale = vmulq_n_f32(vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t*)x + 4 * i))), d);
         f[i][g & 1] = vfmaq_f32(f[i][g & 1], vcvtq_f32_s32(s[i]), scale);
     }
+    VO_MCA_END();
 }
 
 inline void q4_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {

@@ -12,6 +12,7 @@ namespace {
 // f[i][g & 1] += the scaled sums of int8 group g (bytes x) for rows 4i .. 4i + 3 (i < 8), without
 // the row scales.
 inline void q8_group_neon(const uint8_t* x, const Act& a, int64_t g, float32x4_t (*f)[2]) {
+    VO_MCA_BEGIN("q8_group");
     const int8_t* q = a.q + g * 32;
     const uint8x16_t flip = vdupq_n_u8(0x80);
     int32x4_t s[8];  // rows 4i .. 4i + 3: quarter i % 4 of line 2j (i < 4) or 2j + 1 (rows 16 ..)
@@ -24,6 +25,7 @@ inline void q8_group_neon(const uint8_t* x, const Act& a, int64_t g, float32x4_t
         }
     }
     for (int i = 0; i < 8; ++i) f[i][g & 1] = vfmaq_n_f32(f[i][g & 1], vcvtq_f32_s32(s[i]), a.d[g]);
+    VO_MCA_END();
 }
 
 inline void q8_tile(const uint8_t* w, const Act& a, int64_t cols, float* out) {
