@@ -61,12 +61,14 @@ browser:
 	else echo "chromium/chromedriver missing and cannot install them (needs root and apt-get): the browser test will skip"; fi
 
 # tests/test_arm_emulation.py cross-compiles the native kernels for aarch64 and runs them under
-# qemu-user (vllm_omni.cpu.cross). Installed the same way; without them that test skips, naming them.
+# qemu-user (vllm_omni.cpu.cross); the loop analysis (vllm_omni.cpu.loop_analysis) reads their
+# compiled loops with llvm-19's llvm-mca. Installed the same way; without them those tests skip.
 arm-tools:
-	@if command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 && command -v qemu-aarch64 >/dev/null 2>&1; then :; \
+	@if command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 && command -v qemu-aarch64 >/dev/null 2>&1 \
+	    && command -v llvm-mca-19 >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++-aarch64-linux-gnu qemu-user >/dev/null; \
-	else echo "g++-aarch64-linux-gnu/qemu-user missing and cannot install them (needs root and apt-get): the ARM emulation test will skip"; fi
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++-aarch64-linux-gnu qemu-user llvm-19 >/dev/null; \
+	else echo "g++-aarch64-linux-gnu/qemu-user/llvm-19 missing and cannot install them (needs root and apt-get): the ARM tests will skip"; fi
 
 serve: $(VENV)/.docs-installed
 	$(VENV)/bin/mkdocs serve --dev-addr $(SERVE_ADDR)

@@ -29,8 +29,20 @@ def test_the_computed_artifacts_are_found():
     assert {"audit", "cpu-path", "device-simulation"} <= areas
 
 
+def _tools_missing(artifact_id: str) -> str | None:
+    """Why an artifact computed from compiled code (arm/: llvm-mca on the kernels) cannot be recomputed here."""
+    if artifact_id.startswith("arm/"):
+        from vllm_omni.cpu.loop_analysis import tools_missing
+
+        return tools_missing()
+    return None
+
+
 @pytest.mark.parametrize("artifact_id", COMPUTED)
 def test_committed_computed_artifact_is_fresh(artifact_id, tmp_path, capsys):
+    reason = _tools_missing(artifact_id)
+    if reason:
+        pytest.skip(reason)
     committed = load_all()[artifact_id]
     argv = shlex.split(committed.provenance["command"])
     assert argv[0] == "vllm-omni-bench", f"{artifact_id}: a computed artifact is written by vllm-omni-bench"

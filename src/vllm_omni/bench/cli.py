@@ -41,6 +41,7 @@ SUBCOMMAND_MODULES = (
     "decoder-split",
     "busy-cores",
     "clone",
+    "loop-analysis",
 )
 
 

@@ -47,11 +47,9 @@
 #endif
 
 // The body of an inner loop, marked for LLVM's llvm-mca (vllm_omni.cpu.loop_analysis) in the
-// builds that define VO_MCA_MARKERS, which are compiled to assembly for analysis and never run.
-#if defined(VO_MCA_MARKERS) && defined(__aarch64__)
-#define VO_MCA_BEGIN(name) asm volatile("// LLVM-MCA-BEGIN " name)
-#define VO_MCA_END() asm volatile("// LLVM-MCA-END")
-#elif defined(VO_MCA_MARKERS)
+// builds that define VO_MCA_MARKERS, which are compiled to assembly for analysis and never
+// assembled or run ('#' starts the marks llvm-mca reads on x86 and on AArch64 alike).
+#if defined(VO_MCA_MARKERS)
 #define VO_MCA_BEGIN(name) asm volatile("# LLVM-MCA-BEGIN " name)
 #define VO_MCA_END() asm volatile("# LLVM-MCA-END")
 #else
