@@ -68,7 +68,7 @@ def run(make_app: Callable[[], Any], *, model_id: str, host: str, port: int, rep
         from ray import serve
     except ImportError:
         raise ValueError("serve-cluster needs Ray Serve: pip install 'qwen3-tts-edge[cluster]'") from None
-    if threads is None:  # a local cluster: this machine's cores shared out among the replicas
+    if threads is None:  # this machine's cores shared out among the replicas
         threads = max(1, usable_cpus() // (max_replicas or replicas))
     options = deployment_options(replicas, max_replicas, threads, max_streams, max_queue)
     if address is None:
