@@ -43,7 +43,7 @@ reason = L.tools_missing()
 @pytest.mark.parametrize("build", [L.X86_BUILDS["AVX-512 VNNI"], L.X86_BUILDS["generic C"], L.ARM_CORES["neoverse-n1"]],
                          ids=lambda b: b.name)
 def test_every_marked_loop_is_found_and_modelled(build):
-    regions = L.analyse(build, iterations=50)
+    regions = L.analyse(build)
     expected = {"q4_row", "q8_row"} if build.name == "generic C" else {"q4_group", "q8_group"}
     assert set(regions) == expected
     for name, r in regions.items():

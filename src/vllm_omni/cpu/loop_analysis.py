@@ -20,6 +20,7 @@ loops' predicted rates beside the same loops' measured rates from ``vllm-omni-be
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import statistics
@@ -126,7 +127,13 @@ def parse_regions(report: str) -> dict[str, list[float]]:
 
 
 def analyse(build: Build, iterations: int = 200) -> dict[str, dict[str, float]]:
-    """{region: {"cycles": median cycles per iteration, "bytes_per_cycle": ..., "copies": n}} for ``build``."""
+    """{region: {"cycles": median cycles per iteration, "bytes_per_cycle": ..., "copies": n}} for ``build``
+    (computed once per process: a build's compile and model take seconds, and the sources do not change)."""
+    return {name: dict(values) for name, values in _analyse(build, iterations)}
+
+
+@functools.lru_cache(maxsize=None)
+def _analyse(build: Build, iterations: int) -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
     tool = mca()
     if tool is None:
         raise AnalysisError("llvm-mca not found (Debian: llvm-19, or llvm)")
@@ -137,9 +144,10 @@ def analyse(build: Build, iterations: int = 200) -> dict[str, dict[str, float]]:
     proc = subprocess.run(cmd, input=asm, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise AnalysisError(f"llvm-mca for {build.name} failed: {proc.stderr.strip()[-2000:]}")
-    out = {}
+    out = []
     for name, values in parse_regions(proc.stdout).items():
         if name in REGION_BYTES:
             cycles = statistics.median(values)
-            out[name] = {"cycles": cycles, "bytes_per_cycle": REGION_BYTES[name] / cycles, "copies": len(values)}
-    return out
+            out.append((name, (("cycles", cycles), ("bytes_per_cycle", REGION_BYTES[name] / cycles),
+                               ("copies", len(values)))))
+    return tuple(out)
