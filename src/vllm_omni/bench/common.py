@@ -86,6 +86,21 @@ def computed_provenance(command: str, *, source: str, model: str | None, weights
     }
 
 
+def show_and_write(artifacts: list[dict[str, Any]], args: argparse.Namespace) -> int:
+    """Print each computed artifact's table, then write them all (unless ``--no-write``); 0."""
+    from vllm_omni.results import store
+    from vllm_omni.results.render import markdown_table
+    from vllm_omni.results.schema import validate
+
+    for data in artifacts:
+        print(f"## {data['title']}")
+        print(markdown_table(validate(data)))
+    if not args.no_write:
+        for path in store.write_all(artifacts, args.output):
+            print(written(Path(path), args.output))
+    return 0
+
+
 def add_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output", type=Path, default=None,

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from pathlib import Path
 from typing import Any
 
-from vllm_omni.bench.common import BenchError, add_output, computed_provenance, written
-from vllm_omni.results import store
+from vllm_omni.bench.common import BenchError, add_output, computed_provenance, show_and_write
 from vllm_omni.results.schema import validate
 
 GEMV_ARTIFACTS = {  # this host's build -> the measured loops (gemv --sets 'in L2', one thread)
@@ -199,13 +197,4 @@ def build(command: str) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_omni.results.render import markdown_table
-
-    arts = build(COMMAND)
-    for data in arts:
-        print(f"## {data['title']}")
-        print(markdown_table(validate(data)))
-    if not args.no_write:
-        for path in store.write_all(arts, args.output):
-            print(written(Path(path), args.output))
-    return 0
+    return show_and_write(build(COMMAND), args)

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from pathlib import Path
 from typing import Any
 
-from vllm_omni.bench.common import BenchError, add_output, computed_provenance, written
+from vllm_omni.bench.common import BenchError, add_output, computed_provenance, show_and_write
 from vllm_omni.models import MODELS, WEIGHT_FORMATS, get_model
 from vllm_omni.models.counts import frame_breakdown
 from vllm_omni.projection import (
@@ -26,7 +25,6 @@ from vllm_omni.projection import (
     project_spec,
     project_study_inputs,
 )
-from vllm_omni.results import store
 from vllm_omni.results.schema import validate
 
 AREA = "device-simulation"
@@ -275,13 +273,4 @@ def build(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_omni.results.render import markdown_table
-
-    arts = build(args)
-    for data in arts:
-        print(f"## {data['title']}")
-        print(markdown_table(validate(data)))
-    if not args.no_write:
-        for path in store.write_all(arts, args.output):
-            print(written(Path(path), args.output))
-    return 0
+    return show_and_write(build(args), args)
