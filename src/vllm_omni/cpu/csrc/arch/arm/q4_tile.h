@@ -2,7 +2,7 @@
 // Raspberry Pi 5, A78AE in a Jetson Orin, Neoverse-N1, and every later core).
 //
 // Included by vo_kernels.cpp where the int4 tile layout (q4_tile's comment), Act and the plain-C
-// loop are defined; the x86 forms of the loop stand there beside the plain C. It computes exactly
+// loop are defined; the x86 forms are arch/x86/q4_tile.h. It computes exactly
 // what the plain-C q4_tile computes, in the same order of floating-point operations: a group's
 // integer sums are exact in int32 however they are added, and each is then turned to float,
 // scaled and fused-multiply-added into the accumulator of its group's parity as the plain C does
