@@ -2,7 +2,7 @@
 
 Why Ray Serve: it already does what a fleet of speech servers needs and this project should not
 rewrite: one HTTP entry point (its proxy) in front of replicas placed on any machine of a Ray
-cluster, requests routed to the replica with the fewest in hand, streamed responses passed
+cluster, each request sent to the less busy of two replicas sampled, streamed responses passed
 through as they come, and replicas added or removed on load. Each replica here is one
 ``SpeechEngine`` with its own threads and batched steps, and the app of ``server.app`` around it,
 built on the replica (``serve.ingress`` with a builder), so every endpoint, format and limit is
