@@ -292,30 +292,17 @@ inline float hsum256(__m256 t) {
 // (results/cpu-path/predictor-fused-fp32-t1-2-avx2.json). The rows are read side by side, 128
 // bytes of each in turn, each summed exactly as a row on its own (N = 1, dot_f32), so that a
 // row's result does not depend on the rows beside it.
+#if defined(VO_AVX2)
+}  // namespace
+#include "arch/x86/f32_dot.h"
+namespace {
+#elif defined(VO_NEON_DOT)
+}  // namespace
+#include "arch/arm/f32_dot.h"
+namespace {
+#else
 template <int N>
 inline void dot_f32_rows(const float* const* w, const float* a, int64_t n, float* out) {
-#if defined(VO_AVX2)
-    __m256 s[N][4];
-    for (auto& sk : s) sk[0] = sk[1] = sk[2] = sk[3] = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        const __m256 a0 = _mm256_loadu_ps(a + i), a1 = _mm256_loadu_ps(a + i + 8), a2 = _mm256_loadu_ps(a + i + 16),
-                     a3 = _mm256_loadu_ps(a + i + 24);
-        for (int k = 0; k < N; ++k) {
-            s[k][0] = _mm256_fmadd_ps(_mm256_loadu_ps(w[k] + i), a0, s[k][0]);
-            s[k][1] = _mm256_fmadd_ps(_mm256_loadu_ps(w[k] + i + 8), a1, s[k][1]);
-            s[k][2] = _mm256_fmadd_ps(_mm256_loadu_ps(w[k] + i + 16), a2, s[k][2]);
-            s[k][3] = _mm256_fmadd_ps(_mm256_loadu_ps(w[k] + i + 24), a3, s[k][3]);
-        }
-    }
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < N; ++k) s[k][0] = _mm256_fmadd_ps(_mm256_loadu_ps(w[k] + i), _mm256_loadu_ps(a + i), s[k][0]);
-    for (int k = 0; k < N; ++k) {
-        float t = hsum256(_mm256_add_ps(_mm256_add_ps(s[k][0], s[k][1]), _mm256_add_ps(s[k][2], s[k][3])));
-        for (int64_t j = i; j < n; ++j) t += w[k][j] * a[j];
-        out[k] = t;
-    }
-#else
     for (int k = 0; k < N; ++k) {
         float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         int64_t i = 0;
@@ -325,8 +312,8 @@ inline void dot_f32_rows(const float* const* w, const float* a, int64_t n, float
         for (; i < n; ++i) t += w[k][i] * a[i];
         out[k] = t;
     }
-#endif
 }
+#endif
 
 inline float dot_f32(const float* w, const float* a, int64_t n) {
     float t;
