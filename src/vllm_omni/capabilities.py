@@ -47,9 +47,15 @@ def flags() -> dict[str, bool]:
         "HAS_VLLM": importlib.util.find_spec("vllm") is not None,
         "HAS_CXX": shutil.which("g++") is not None or shutil.which("c++") is not None,
         "HAS_ENGINES": all(importlib.util.find_spec(m) is not None for m in ENGINE_MODULES),
-        # the ARM cross compiler and qemu-user (vllm_omni.cpu.cross)
-        "HAS_ARM_EMULATION": all(shutil.which(t) is not None for t in ("aarch64-linux-gnu-g++", "qemu-aarch64")),
+        "HAS_ARM_EMULATION": _arm_emulation(),
     }
+
+
+def _arm_emulation() -> bool:
+    """The ARM cross compiler and qemu-user are here (vllm_omni.cpu.cross)."""
+    from vllm_omni.cpu.cross import toolchain_missing
+
+    return toolchain_missing() is None
 
 
 # Import names of the engines extra's main packages (pyproject.toml; the runners also check

@@ -299,10 +299,7 @@ def serve_cluster(args: argparse.Namespace) -> int:
     if args.voices is not None:
         raise ValueError("--voices: saved voices live in one server's folder; serve-cluster does not share them "
                          "between replicas yet (use serve)")
-    if args.max_replicas is not None and args.max_replicas < args.replicas:
-        raise ValueError(f"--max-replicas must be at least --replicas ({args.replicas}), got {args.max_replicas}")
-    if args.threads is None:  # this machine's cores shared out among the replicas (each loads with its share)
-        args.threads = max(1, cluster.usable_cpus() // (args.max_replicas or args.replicas))
+    args.threads = cluster.replica_threads(args.threads, args.replicas, args.max_replicas)  # each loads its share
 
     def make_app():  # on each replica
         return _server_app(args, model_id, api_key)[1]

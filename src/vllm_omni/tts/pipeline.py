@@ -153,6 +153,12 @@ class Speech:
         return self.ckpt.config.supported_languages
 
     @property
+    def frame_limit(self) -> int:
+        """The most frames an utterance may take unless asked for fewer (the checkpoint's ``max_new_tokens``,
+        less one)."""
+        return self.ckpt.config.generation.max_new_tokens - 1
+
+    @property
     def cloner(self):
         """The ``voice.Cloner`` of this checkpoint (a Base one), made on first use."""
         if self._cloner is None:
@@ -213,8 +219,7 @@ class Speech:
         else:
             prompt = build_prompt(self.ckpt, text, speaker=speaker, language=language, instruct=instruct,
                                   streaming_text=streaming_text)
-        limit = self.ckpt.config.generation.max_new_tokens - 1
-        max_frames = limit if max_frames is None else whole_number("max_frames", max_frames, 1)
+        max_frames = self.frame_limit if max_frames is None else whole_number("max_frames", max_frames, 1)
         sampling = Sampling.from_checkpoint(self.ckpt, greedy=greedy, seed=seed)
         return Speaking(self, prompt, sampling, max_frames, chunk_frames, start, stop, state)
 

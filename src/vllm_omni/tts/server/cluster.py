@@ -20,7 +20,6 @@ server's), so ``serve-cluster`` refuses ``--voices``.
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from typing import Any, Callable
@@ -28,8 +27,11 @@ from typing import Any, Callable
 DEPLOYMENT = "qwen3-tts-edge"
 
 
-def usable_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+def replica_threads(threads: int | None, replicas: int, max_replicas: int | None) -> int:
+    """A replica's threads: ``threads``, else this machine's usable cores shared out among the most replicas."""
+    from vllm_omni.results.provenance import usable_cpus
+
+    return threads if threads is not None else max(1, usable_cpus() // (max_replicas or replicas))
 
 
 def deployment_options(replicas: int, max_replicas: int | None, threads: int, max_streams: int,
@@ -60,7 +62,7 @@ def _interrupt(_signum, _frame) -> None:
 
 
 def run(make_app: Callable[[], Any], *, model_id: str, host: str, port: int, replicas: int,
-        max_replicas: int | None, threads: int | None, max_streams: int, max_queue: int,
+        max_replicas: int | None, threads: int, max_streams: int, max_queue: int,
         address: str | None = None) -> int:
     """Start (or join, with ``address``) a Ray cluster, deploy, and serve until interrupted or terminated."""
     try:
@@ -68,8 +70,6 @@ def run(make_app: Callable[[], Any], *, model_id: str, host: str, port: int, rep
         from ray import serve
     except ImportError:
         raise ValueError("serve-cluster needs Ray Serve: pip install 'qwen3-tts-edge[cluster]'") from None
-    if threads is None:  # this machine's cores shared out among the replicas
-        threads = max(1, usable_cpus() // (max_replicas or replicas))
     options = deployment_options(replicas, max_replicas, threads, max_streams, max_queue)
     if address is None:
         ray.init(include_dashboard=False, log_to_driver=False)

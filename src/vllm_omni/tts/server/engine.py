@@ -172,7 +172,7 @@ class SpeechEngine:
     @property
     def frame_limit(self) -> int:
         """The most frames a request may ask for: ``max_frames``, else the checkpoint's own limit."""
-        own = self.speech.ckpt.config.generation.max_new_tokens - 1
+        own = self.speech.frame_limit
         return own if self.max_frames is None else min(self.max_frames, own)
 
     def status(self) -> dict[str, int]:

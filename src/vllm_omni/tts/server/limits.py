@@ -35,8 +35,9 @@ def frame_cap(text: str) -> int:
 
 
 def request_frames(text: str, asked: int | None, server_limit: int) -> tuple[int, str]:
-    """(frames this request may take, where the figure comes from: "text", "request" or "server")."""
+    """(frames this request may take, where the figure comes from: "text", "request" or "server"); ``asked``
+    (``max_new_tokens``) is already checked against ``server_limit``."""
     if asked is not None:
-        return (asked, "request") if asked <= server_limit else (server_limit, "server")
+        return asked, "request"
     cap = frame_cap(text)
     return (cap, "text") if cap <= server_limit else (server_limit, "server")
