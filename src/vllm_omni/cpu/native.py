@@ -50,6 +50,12 @@ ARM_VARIANT_FLAGS = {
     "generic": ("-march=armv8-a", "-ffp-contract=off"),
 }
 VARIANT_FLAGS = ARM_VARIANT_FLAGS if platform.machine() in ("aarch64", "arm64") else X86_VARIANT_FLAGS
+# Builds that exist to run one loop on a host that would pick another (tests, benchmarks), not
+# offered as a choice: "no-amx" is the host's build without AMX, so that an AMX host runs the
+# AVX-512 BF16 convolution loop of the hosts without AMX (Zen 4, Zen 5).
+LOOP_VARIANT_FLAGS = {} if VARIANT_FLAGS is ARM_VARIANT_FLAGS else {
+    "no-amx": ("-march=native", "-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8"),
+}
 ISA_NAMES = {0: "generic C", 1: "AVX2", 2: "AVX-512 VNNI", 3: "NEON dot product"}
 
 
@@ -146,11 +152,12 @@ def compile_cached(cxx: str, flags: tuple[str, ...], sources: tuple[Path, ...], 
 
 def build(variant: str = "native") -> Path:
     """Compile the library for ``variant`` unless a cached build exists; return its path."""
-    if variant not in VARIANT_FLAGS:
-        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANT_FLAGS)}")
+    table = {**VARIANT_FLAGS, **LOOP_VARIANT_FLAGS}
+    if variant not in table:
+        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(table)}")
     cxx = _compiler()
     rows = f32_rows_setting(variant)
-    flags = BASE_FLAGS + VARIANT_FLAGS[variant] + ((f"-DVO_F32_STREAMS={rows}",) if rows else ())
+    flags = BASE_FLAGS + table[variant] + ((f"-DVO_F32_STREAMS={rows}",) if rows else ())
     return compile_cached(cxx, flags, tuple(CSRC / s for s in SOURCES), f"libvo_kernels-{variant}", ".so")
 
 
@@ -178,6 +185,21 @@ class VoStack(ctypes.Structure):
         ("layers", ctypes.POINTER(VoLayer)), ("final_norm", ctypes.c_void_p),
         ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p),
         ("ws", ctypes.c_void_p), ("ws_bytes", ctypes.c_int64),
+    ]
+
+
+class VoDecLayer(ctypes.Structure):  # vo_decoder.cpp
+    _fields_ = [("qkv", ctypes.c_void_p), ("o", ctypes.c_void_p), ("gate_up", ctypes.c_void_p),
+                ("down", ctypes.c_void_p), ("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p)]
+
+
+class VoDecTransformer(ctypes.Structure):  # vo_decoder.cpp
+    _fields_ = [
+        ("n_layers", ctypes.c_int32), ("latent", ctypes.c_int32), ("hidden", ctypes.c_int32),
+        ("inter", ctypes.c_int32), ("heads", ctypes.c_int32), ("head_dim", ctypes.c_int32),
+        ("window", ctypes.c_int32), ("eps", ctypes.c_float),
+        ("in_proj", ctypes.c_void_p), ("in_bias", ctypes.c_void_p), ("out_proj", ctypes.c_void_p),
+        ("out_bias", ctypes.c_void_p), ("final_norm", ctypes.c_void_p), ("layers", ctypes.POINTER(VoDecLayer)),
     ]
 
 
@@ -213,6 +235,13 @@ _SIGNATURES = {
     "vo_gemv_sweeps": (_I32, [_I32, ctypes.POINTER(VoMat), _I32, P, _I64, P, _I32, _I32, P]),
     "vo_read_sweeps": (_I32, [_I32, ctypes.POINTER(VoMat), _I32, _I32, _I32, P, ctypes.POINTER(_I64)]),
     "vo_snake": (None, [P, P, _I64, _I64, P, P, _I32]),
+    "vo_conv_bf16_path": (_I32, []),
+    "vo_conv_pack_bf16": (_I32, [P, _I64, _I64, _I64, P]),
+    "vo_conv_bf16": (_I32, [P, P, _I64, _I64, _I64, _I64, P, P, _I64, P, P, P, P, P, _I32]),
+    "vo_tconv_bf16": (_I32, [P, P, _I64, _I64, _I64, _I64, P, _I64, P, P, P, P, P, _I32]),
+    "vo_dec_transformer": (_I32, [ctypes.POINTER(VoDecTransformer), P, _I64, P, P, P, P, _I64, P, P, P, _I32]),
+    "vo_res_unit_bf16": (_I32, [P, P, P, P, _I64, _I64, _I64, P, P, _I64, P, P, P, P, P, P, _I32]),
+    "vo_conv_f32_narrow": (_I32, [P, P, _I64, _I64, _I64, _I64, P, P, _I64, P, P, P, P, _I32]),
 }
 FMT_CODES = {"fp32": 0, "int8": 1, "int4": 2}
 

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vllm_omni.cpu import conv as conv_native
 from vllm_omni.tts.config import DecoderConfig
 
 
@@ -71,6 +72,12 @@ def _native():
 DECODER_PRECISIONS = ("fp32", "bf16")
 
 
+def _bf16_native(lib, c_out: int, c_in: int) -> bool:
+    """Whether a bf16 product of these channel counts runs in the native convs (``vllm_omni.cpu.conv``):
+    the library built, its loop in hardware and the shape one it takes; PyTorch's bf16 ops where not."""
+    return lib is not None and conv_native.available() and conv_native.fits(c_out, c_in)
+
+
 def bf16_helps() -> bool:
     """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX): there the long convs run
     about twice as fast in bf16 (``docs/edge/end-to-end.md``); elsewhere bf16 is emulated, slower."""
@@ -89,10 +96,14 @@ class _Linear:
 
     def __init__(self, w: Tensor, b: Tensor | None, lib=None, precision: str = "fp32"):
         self.w, self.b = w.contiguous(), None if b is None else b.contiguous()
-        self.w16 = self.w.bfloat16() if precision == "bf16" else None
+        # in bf16 where native: a 1x1 conv over the rows (every row count, weights read once in bf16)
+        self.native = None
+        if precision == "bf16" and _bf16_native(lib, *self.w.shape):
+            self.native = conv_native.Bf16Conv(self.w[:, :, None], self.b)
+        self.w16 = self.w.bfloat16() if precision == "bf16" and self.native is None else None
         self.lib, self.mat = None, None
         n, k = self.w.shape
-        if lib is not None and k % 64 == 0 and k >= 64 and n % 32 == 0:
+        if self.native is None and lib is not None and k % 64 == 0 and k >= 64 and n % 32 == 0:
             from vllm_omni.cpu.predictor import vo_mat
             from vllm_omni.cpu.quant import quantize
 
@@ -100,6 +111,8 @@ class _Linear:
             self.mat, self.lib = vo_mat(self.packed), lib
 
     def __call__(self, x: Tensor) -> Tensor:
+        if self.native is not None:
+            return self.native(x.T, None)[0].T
         m = x.shape[0]
         if self.w16 is not None and (self.lib is None or m > BF16_MIN_ROWS):  # bf16 GEMM: several times the
             # fp32 GEMV's rate on more than a few rows; on fewer its conversions cost more than it saves
@@ -117,6 +130,26 @@ class _Linear:
         return y if self.b is None else y + self.b
 
 
+def _native_transformer(w: dict[str, Tensor], tr: str, dc: DecoderConfig, lib) -> Any:
+    """The transformer in one native bf16 call (``vllm_omni.cpu.decoder_transformer``), or None where
+    the native bf16 loop is not here or the shapes do not suit it (grouped KV heads)."""
+    if dc.heads != dc.kv_heads or not _bf16_native(lib, *w[f"{tr}.input_proj.weight"].shape):
+        return None
+    from vllm_omni.cpu.decoder_transformer import Bf16DecoderTransformer, LayerWeights
+
+    def layer(p: str) -> LayerWeights:
+        a, m = f"{p}.self_attn", f"{p}.mlp"
+        return LayerWeights(*(w[f"{a}.{n}_proj.weight"] for n in "qkvo"),
+                            *(w[f"{m}.{n}_proj.weight"] for n in ("gate", "up", "down")),
+                            w[f"{p}.input_layernorm.weight"], w[f"{p}.post_attention_layernorm.weight"],
+                            w[f"{p}.self_attn_layer_scale.scale"], w[f"{p}.mlp_layer_scale.scale"])
+
+    return Bf16DecoderTransformer((w[f"{tr}.input_proj.weight"], w[f"{tr}.input_proj.bias"]),
+                                  (w[f"{tr}.output_proj.weight"], w[f"{tr}.output_proj.bias"]), w[f"{tr}.norm.weight"],
+                                  [layer(f"{tr}.layers.{i}") for i in range(dc.spec.transformer_layers)],
+                                  dc.heads, dc.head_dim, dc.sliding_window, dc.rms_eps)
+
+
 class _Snake:
     """SnakeBeta: x + 1/(exp(beta) + 1e-9) * sin(exp(alpha) * x)^2, per channel (native in one pass)."""
 
@@ -124,6 +157,10 @@ class _Snake:
         self.a = torch.exp(w[f"{prefix}.alpha"]).contiguous()
         self.inv_b = (1.0 / (torch.exp(w[f"{prefix}.beta"]) + 1e-9)).contiguous()
         self.lib = lib
+
+    def params(self) -> tuple[Tensor, Tensor]:
+        """(exp(alpha), 1 / (exp(beta) + 1e-9)): what the native convs take to apply it first."""
+        return self.a, self.inv_b
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.lib is None:
@@ -148,9 +185,13 @@ class _CausalConv:
         self.k = self.w.shape[-1]
         self.tail = (self.k - 1) * dilation
         self.channels = self.w.shape[1] * groups
-        # few samples a call: the conv as a GEMV over im2col rows [T, k * C_in], taps outer
-        self.rows = None
-        if groups == 1 and lib is not None:
+        self.native = None  # in bf16 where native: one call, a SnakeBeta before it and a residual folded in
+        if self.w16 is not None and _bf16_native(lib, self.w.shape[0], self.w.shape[1]):
+            self.native = conv_native.Bf16Conv(self.w, self.b, dilation)
+        elif groups == 1 and lib is not None and self.w.shape[0] <= conv_native.NARROW_MAX:
+            self.native = conv_native.NarrowConv(self.w, self.b, dilation)  # fp32, in any precision
+        self.rows = None  # else, few samples a call: the conv as a GEMV over im2col rows [T, k * C_in], taps outer
+        if groups == 1 and lib is not None and self.native is None:
             lin = _Linear(self.w.permute(0, 2, 1).reshape(self.w.shape[0], -1), self.b, lib, precision)
             self.rows = lin if lin.lib is not None else None
         self.reset()
@@ -158,8 +199,15 @@ class _CausalConv:
     def reset(self) -> None:
         self.hist = torch.zeros(self.channels, self.tail)
 
-    def __call__(self, x: Tensor) -> Tensor:
-        """x: [C_in, T] -> [C_out, T]."""
+    def __call__(self, x: Tensor, snake: "_Snake | None" = None, residual: Tensor | None = None) -> Tensor:
+        """x: [C_in, T] -> [C_out, T]; ``snake`` first where given, ``residual`` added where given."""
+        if self.native is not None:
+            y, self.hist = self.native(x, self.hist, None if snake is None else snake.params(), residual)
+            return y
+        y = self._conv(x if snake is None else snake(x))
+        return y if residual is None else y + residual
+
+    def _conv(self, x: Tensor) -> Tensor:
         full = torch.cat([self.hist, x], 1) if self.tail else x
         if self.tail:
             self.hist = full[:, -self.tail:].clone()
@@ -187,16 +235,26 @@ class _CausalTransConv:
         self.over = self.k - stride  # output samples a later input still adds to
         if self.over not in (0, stride):
             raise ValueError(f"{prefix}: kernel {self.k} with stride {stride} is not streamed here")
-        # few inputs a call: one GEMV gives each input's k output samples, [T, (tap, out)]
-        lin = (_Linear(self.w.permute(2, 1, 0).reshape(self.k * self.cout, -1), None, lib, precision)
-               if lib is not None else None)
+        # in bf16 where native: one call, its input's SnakeBeta folded in
+        self.native = None
+        if self.w16 is not None and _bf16_native(lib, self.k * self.cout, self.w.shape[0]):
+            self.native = conv_native.Bf16TransConv(self.w, self.b, stride)
+        # else, few inputs a call: one GEMV gives each input's k output samples, [T, (tap, out)]
+        taps = self.w.permute(2, 1, 0).reshape(self.k * self.cout, -1)  # [(tap, out), in]
+        lin = _Linear(taps, None, lib, precision) if lib is not None and self.native is None else None
         self.rows = lin if lin is not None and lin.lib is not None else None
         self.reset()
 
     def reset(self) -> None:
         self.carry = torch.zeros(self.w.shape[1], self.over)
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def __call__(self, x: Tensor, snake: "_Snake | None" = None) -> Tensor:
+        """x: [C_in, T] -> [C_out, T * stride]; ``snake`` first where given."""
+        if self.native is not None:
+            y, self.carry = self.native(x, self.carry, None if snake is None else snake.params())
+            return y
+        if snake is not None:
+            x = snake(x)
         t, r = x.shape[1], self.stride
         n = t * r
         if self.rows is not None and t <= NATIVE_ROWS:
@@ -214,6 +272,32 @@ class _CausalTransConv:
             y[:, : self.over] += self.carry
             self.carry = y[:, n:].clone()
         return y[:, :n] + self.b
+
+
+# Channels up to which a ResidualUnit runs as one native call in time tiles (``Bf16ResidualUnit``):
+# on the Xeon of family 6, model 167 at 2 threads, four-frame chunks, that took the last two
+# blocks (192 and 96 channels) from 1.46 and 1.92 to 1.04 and 1.17 ms a frame, and the block of
+# 384 channels from 0.99 to 1.09: its weights (2 MB in bf16) no longer stay in cache beside the tiles.
+FUSED_UNIT_CHANNELS = 192
+
+
+class _ResidualUnit:
+    """``x + conv2(act2(conv1(act1(x))))``: conv1 causal (k=7, dilated), conv2 1x1. One native call in
+    bf16 where both convs are native and the channels few (``FUSED_UNIT_CHANNELS``); its state is conv1's."""
+
+    def __init__(self, w: dict[str, Tensor], prefix: str, dilation: int, lib, precision: str):
+        self.act1, self.act2 = _Snake(w, f"{prefix}.act1", lib), _Snake(w, f"{prefix}.act2", lib)
+        self.conv1 = _CausalConv(w, f"{prefix}.conv1", dilation=dilation, lib=lib, precision=precision)
+        self.conv2 = _CausalConv(w, f"{prefix}.conv2", lib=lib, precision=precision)
+        both = isinstance(self.conv1.native, conv_native.Bf16Conv) and isinstance(self.conv2.native, conv_native.Bf16Conv)
+        self.fused = (conv_native.Bf16ResidualUnit(self.conv1.native, self.conv2.native)
+                      if both and self.conv1.channels <= FUSED_UNIT_CHANNELS else None)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.fused is not None:
+            y, self.conv1.hist = self.fused(x, self.conv1.hist, self.act1.params(), self.act2.params())
+            return y
+        return self.conv2(self.conv1(x, self.act1), self.act2, residual=x)
 
 
 class _Attention:
@@ -286,19 +370,22 @@ class StreamingDecoder:
         self.rest_proj = w[f"{q}.rvq_rest.output_proj.weight"][:, :, 0].contiguous()
         self.pre_conv = _CausalConv(w, "decoder.pre_conv", lib=lib, precision=precision)
         tr = "decoder.pre_transformer"
-        self.in_proj = _Linear(w[f"{tr}.input_proj.weight"], w[f"{tr}.input_proj.bias"], lib, precision)
-        self.out_proj = _Linear(w[f"{tr}.output_proj.weight"], w[f"{tr}.output_proj.bias"], lib, precision)
         self.final_norm = w[f"{tr}.norm.weight"]
+        self.native_transformer = _native_transformer(w, tr, dc, lib) if precision == "bf16" else None
+        # the layers in PyTorch: the transformer where it is not native, its state (keys, values) either way
+        tl, tp = (None, "fp32") if self.native_transformer is not None else (lib, precision)
+        self.in_proj = _Linear(w[f"{tr}.input_proj.weight"], w[f"{tr}.input_proj.bias"], tl, tp)
+        self.out_proj = _Linear(w[f"{tr}.output_proj.weight"], w[f"{tr}.output_proj.bias"], tl, tp)
         self.layers = []
         for i in range(s.transformer_layers):
             p = f"{tr}.layers.{i}"
             self.layers.append({
-                "attn": _Attention(w, p, dc, lib, precision), "in_norm": w[f"{p}.input_layernorm.weight"],
+                "attn": _Attention(w, p, dc, tl, tp), "in_norm": w[f"{p}.input_layernorm.weight"],
                 "post_norm": w[f"{p}.post_attention_layernorm.weight"],
                 "attn_scale": w[f"{p}.self_attn_layer_scale.scale"], "mlp_scale": w[f"{p}.mlp_layer_scale.scale"],
                 "gate_up": _Linear(torch.cat([w[f"{p}.mlp.gate_proj.weight"], w[f"{p}.mlp.up_proj.weight"]]), None,
-                                   lib, precision),
-                "down": _Linear(w[f"{p}.mlp.down_proj.weight"], None, lib, precision),
+                                   tl, tp),
+                "down": _Linear(w[f"{p}.mlp.down_proj.weight"], None, tl, tp),
             })
         self.upsample = []
         for i, factor in enumerate(s.upsampling_ratios):
@@ -316,15 +403,11 @@ class StreamingDecoder:
         self.blocks = []
         for b, rate in enumerate(s.upsample_rates):
             p = f"decoder.decoder.{b + 1}.block"
-            units = [(_Snake(w, f"{p}.{u + 2}.act1", lib),
-                      _CausalConv(w, f"{p}.{u + 2}.conv1", dilation=d, lib=lib, precision=precision),
-                      _Snake(w, f"{p}.{u + 2}.act2", lib),
-                      _CausalConv(w, f"{p}.{u + 2}.conv2", lib=lib, precision=precision))
-                     for u, d in enumerate((1, 3, 9))]
+            units = [_ResidualUnit(w, f"{p}.{u + 2}", d, lib, precision) for u, d in enumerate((1, 3, 9))]
             self.blocks.append((_Snake(w, f"{p}.0", lib), _CausalTransConv(w, f"{p}.1", rate, lib, precision), units))
         n = len(s.upsample_rates) + 1
         self.snake_out = _Snake(w, f"decoder.decoder.{n}", lib)
-        self.conv_out = _CausalConv(w, f"decoder.decoder.{n + 1}")
+        self.conv_out = _CausalConv(w, f"decoder.decoder.{n + 1}", lib=lib)  # fp32 (NarrowConv) in any precision
         self.position = 0
 
     def _convs(self) -> list[Any]:
@@ -333,7 +416,7 @@ class StreamingDecoder:
             out += [up["tconv"], up["dw"]]
         for _, tconv, units in self.blocks:
             out.append(tconv)
-            out += [u[1] for u in units] + [u[3] for u in units]
+            out += [u.conv1 for u in units] + [u.conv2 for u in units]
         return out
 
     def _stateful(self) -> list[Any]:
@@ -413,7 +496,7 @@ class StreamingDecoder:
         for (_, tconv, units), stride in zip(self.blocks, s.upsample_rates):
             n = tconv.w.numel() * rate
             rate *= stride
-            macs.append(n + sum(conv1.w.numel() + conv2.w.numel() for _, conv1, _, conv2 in units) * rate)
+            macs.append(n + sum(u.conv1.w.numel() + u.conv2.w.numel() for u in units) * rate)
         macs.append(self.conv_out.w.numel() * rate)
         return list(zip(self._stage_names(), macs))
 
@@ -445,18 +528,24 @@ class StreamingDecoder:
 
     def _block(self, b: int, x: Tensor) -> Tensor:
         snake, tconv, units = self.blocks[b]
-        x = tconv(snake(x))
-        for act1, conv1, act2, conv2 in units:
-            x = x + conv2(act2(conv1(act1(x))))
+        x = tconv(x, snake)
+        for unit in units:
+            x = unit(x)
         return x
 
     def _output(self, x: Tensor) -> Tensor:
-        return self.conv_out(self.snake_out(x))[0].clamp(-1.0, 1.0)
+        return self.conv_out(x, self.snake_out)[0].clamp(-1.0, 1.0)
 
     def _transformer(self, x: Tensor) -> Tensor:
         dc = self.dc
         t = x.shape[0]
         cos, sin = _rope(torch.arange(self.position, self.position + t), dc.head_dim, dc.rope_theta)
+        if self.native_transformer is not None:
+            attn = [layer["attn"] for layer in self.layers]
+            y, kv = self.native_transformer(x.T, cos, sin, [(a.keys, a.values) for a in attn])
+            for a, (keys, values) in zip(attn, kv):
+                a.keys, a.values = keys, values
+            return y.T
         h = self.in_proj(x)
         for layer in self.layers:
             a = layer["attn"](_rms(h, layer["in_norm"], dc.rms_eps), cos, sin)
@@ -479,7 +568,7 @@ class StreamingDecoder:
         reach += self.conv_in.tail / rate
         for (_, tconv, units), stride in zip(self.blocks, s.upsample_rates):
             rate *= stride
-            reach += tconv.over / rate + sum(conv1.tail + conv2.tail for _, conv1, _, conv2 in units) / rate
+            reach += tconv.over / rate + sum(u.conv1.tail + u.conv2.tail for u in units) / rate
         return reach + self.conv_out.tail / rate
 
     @torch.inference_mode()

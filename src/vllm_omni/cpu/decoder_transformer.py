@@ -1,0 +1,115 @@
+"""The code2wav transformer in one native call, in bf16 (``csrc/vo_decoder.cpp``, ``vo_dec_transformer``).
+
+The decoder's transformer sees one sample per frame, so at streaming sizes (one to a few frames a
+call) its time went to the 100-odd PyTorch ops of its eight layers, not to arithmetic. Here the
+input projection, the eight pre-norm layers (RMSNorm, sliding-window attention with RoPE,
+LayerScale, SwiGLU) and the output projection run in one parallel region; every linear layer is
+the bf16 conv loop of ``vllm_omni.cpu.conv`` as a 1x1 conv, the rest in fp32. LayerScale is
+folded into the o and down projections' rows when the weights are packed.
+
+State between calls is each layer's keys and values of the last ``window - 1`` positions, as the
+PyTorch layers keep it ([heads, n, head_dim]), so the two are interchangeable mid-utterance.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from vllm_omni.cpu import native
+from vllm_omni.cpu.conv import Bf16Conv
+
+
+@dataclass
+class LayerWeights:
+    """One layer's weights as the checkpoint has them ([out, in] matrices, per-channel vectors)."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    o: Tensor
+    gate: Tensor
+    up: Tensor
+    down: Tensor
+    input_norm: Tensor
+    post_norm: Tensor
+    attn_scale: Tensor
+    mlp_scale: Tensor
+
+
+
+
+class Bf16DecoderTransformer:
+    """x [latent, T] at absolute positions ``position ..`` -> y [latent, T]; see the module doc."""
+
+    def __init__(self, in_proj: tuple[Tensor, Tensor], out_proj: tuple[Tensor, Tensor], final_norm: Tensor,
+                 layers: list[LayerWeights], heads: int, head_dim: int, window: int, eps: float,
+                 threads: int | None = None, variant: str = "native"):
+        self.heads, self.head_dim, self.window, self.threads = heads, head_dim, window, threads
+        self.hidden, self.latent = in_proj[0].shape
+        self.lib = native.load(variant)
+
+        def _linear(w: Tensor, b: Tensor | None = None) -> Bf16Conv:
+            return Bf16Conv(w.float()[:, :, None], b, variant=variant)
+        self._keep: list[object] = []
+
+        def keep(t: Tensor) -> int:
+            t = t.float().contiguous()
+            self._keep.append(t)
+            return t.data_ptr()
+
+        def packed(conv: Bf16Conv) -> int:
+            self._keep.append(conv)
+            return conv.packed.data_ptr()
+
+        self.c_layers = (native.VoDecLayer * len(layers))()
+        for c, w in zip(self.c_layers, layers):
+            c.qkv = packed(_linear(torch.cat([w.q, w.k, w.v])))
+            c.o = packed(_linear(w.o.float() * w.attn_scale.float()[:, None]))
+            c.gate_up = packed(_linear(torch.cat([w.gate, w.up])))
+            c.down = packed(_linear(w.down.float() * w.mlp_scale.float()[:, None]))
+            c.input_norm, c.post_norm = keep(w.input_norm), keep(w.post_norm)
+        self.model = native.VoDecTransformer(
+            n_layers=len(layers), latent=self.latent, hidden=self.hidden, inter=layers[0].gate.shape[0], heads=heads,
+            head_dim=head_dim, window=window, eps=eps, in_proj=packed(_linear(in_proj[0])), in_bias=keep(in_proj[1]),
+            out_proj=packed(_linear(out_proj[0])), out_bias=keep(out_proj[1]), final_norm=keep(final_norm),
+            layers=self.c_layers)
+
+    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, past: list[tuple[Tensor, Tensor]]
+                 ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+        """(y [latent, T], each layer's keys and values for the next call) from x [latent, T], the RoPE
+        tables of its positions (cos, sin [T, head_dim]) and each layer's past keys and values
+        ([heads, P, head_dim], the same P < window for every layer). New tensors."""
+        x = x.float().contiguous()
+        t = x.shape[1]
+        if x.shape[0] != self.latent or t < 1:
+            raise ValueError(f"the decoder transformer takes [{self.latent}, T >= 1], got {list(x.shape)}")
+        if len(past) != len(self.c_layers):
+            raise ValueError(f"{len(past)} layers of past keys for {len(self.c_layers)} layers")
+        n = past[0][0].shape[1]
+        for k, v in past:
+            for s in (k, v):
+                if tuple(s.shape) != (self.heads, n, self.head_dim):
+                    raise ValueError(f"past keys and values are [{self.heads}, {n}, {self.head_dim}] in every layer, "
+                                     f"got {list(s.shape)}")
+        past = [(k.float().contiguous(), v.float().contiguous()) for k, v in past]
+        keep = min(n + t, self.window - 1)
+        new = [(torch.empty(self.heads, keep, self.head_dim), torch.empty(self.heads, keep, self.head_dim))
+               for _ in past]
+        cos, sin = cos.float().contiguous(), sin.float().contiguous()
+
+        def pointers(ts: list[Tensor]):
+            return (ctypes.c_void_p * len(ts))(*[s.data_ptr() for s in ts])
+
+        y = torch.empty(self.latent, t)
+        rc = self.lib.vo_dec_transformer(
+            ctypes.byref(self.model), x.data_ptr(), t, cos.data_ptr(), sin.data_ptr(), pointers([k for k, _ in past]),
+            pointers([v for _, v in past]), n, pointers([k for k, _ in new]), pointers([v for _, v in new]),
+            y.data_ptr(), self.threads or torch.get_num_threads())
+        if rc != 0:
+            raise RuntimeError(f"vo_dec_transformer failed ({rc}) on {t} samples after {n} past positions"
+                               + (": the kernel refused AMX's tile state" if rc == -2 else ""))
+        return y, new

@@ -1,0 +1,209 @@
+"""The decoder's native kernels against their eager twins (``vllm_omni.cpu.conv``,
+``vllm_omni.cpu.decoder_transformer``).
+
+What each is held to, and why:
+
+- bf16 convolutions (``Bf16Conv``, ``Bf16TransConv``): against PyTorch's fp32 convolution of the
+  same bf16-rounded weights and inputs, so only the order of the fp32 sums differs: 1e-5 of the
+  output's largest magnitude. The SnakeBeta folded in is the native one (a polynomial sine),
+  compared with ``torch.sin`` before rounding, so a few inputs round to the neighbouring bf16
+  value: there the bound is 2e-3 of the largest magnitude, still far below bf16's own step.
+- A sample's arithmetic does not depend on the call's length or its place in it, so a stream
+  cut into chunks equals one whole call bit for bit (convs, transposed convs, the transformer).
+- ``Bf16ResidualUnit`` is the two ``Bf16Conv`` calls in time tiles: equal bit for bit.
+- The transformer in bf16 against the fp32 PyTorch layers: a signal-over-difference bound.
+- Each loop a host can run (AMX, AVX-512 BF16, plain C) against the others: the fp32 sums of the
+  same products in other orders (1e-5 of the largest magnitude).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from vllm_omni.cpu import conv, native  # noqa: E402
+from vllm_omni.tts.checkpoint import load_checkpoint  # noqa: E402
+from vllm_omni.tts.decoder import StreamingDecoder  # noqa: E402
+from vllm_omni.tts.random_checkpoint import write_random_checkpoint  # noqa: E402
+
+HARDWARE = pytest.mark.skipif(not conv.available(), reason="this CPU has neither AMX nor AVX-512 BF16: the decoder "
+                              "keeps PyTorch's bf16 convolutions, and the native loop here is the plain-C reference")
+SUM_ORDER = 1e-5  # of the largest |output|: fp32 sums of the same products in another order
+SNAKE_ROUNDING = 2e-3  # a few snake outputs round to the neighbouring bf16 value
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def bf(t):
+    return t.bfloat16().float()
+
+
+def snake_of(c: int, seed: int):
+    g = gen(seed)
+    return torch.rand(c, generator=g) + 0.5, torch.rand(c, generator=g)
+
+
+def snake(x, s):
+    return x + s[1][:, None] * torch.sin(s[0][:, None] * x).pow(2)
+
+
+def rel(a, b) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def conv_case(cout, cin, k, d, t, seed=0):
+    g = gen(seed)
+    w = torch.randn(cout, cin, k, generator=g) / (cin * k) ** 0.5
+    return w, torch.randn(cout, generator=g), torch.randn(cin, (k - 1) * d, generator=g), torch.randn(cin, t, generator=g)
+
+
+@HARDWARE
+@pytest.mark.parametrize("cout,cin,k,d,t", [(64, 32, 7, 3, 50), (96, 96, 7, 9, 1920), (768, 768, 7, 1, 128),
+                                            (32, 64, 1, 1, 5), (1536, 1024, 7, 1, 1), (96, 192, 1, 1, 33)])
+def test_bf16_conv_is_the_conv_of_the_rounded_operands(cout, cin, k, d, t):
+    w, b, hist, x = conv_case(cout, cin, k, d, t)
+    c = conv.Bf16Conv(w, b, d)
+    y, new_hist = c(x, hist)
+    full = torch.cat([hist, x], 1)
+    ref = F.conv1d(bf(full)[None], bf(w), b, dilation=d)[0]
+    assert rel(y, ref) < SUM_ORDER
+    assert torch.equal(new_hist, full[:, full.shape[1] - hist.shape[1]:])  # the history is kept in fp32
+    residual = torch.randn(cout, t, generator=gen(1))
+    y2, _ = c(x, hist, residual=residual)
+    assert rel(y2, ref + residual) < SUM_ORDER
+    s = snake_of(cin, 2)
+    y3, hist3 = c(x, hist, snake=s)
+    full3 = torch.cat([hist, snake(x, s)], 1)
+    assert rel(y3, F.conv1d(bf(full3)[None], bf(w), b, dilation=d)[0]) < SNAKE_ROUNDING
+    assert torch.allclose(hist3, full3[:, full3.shape[1] - hist.shape[1]:], atol=1e-5)
+    y4, _ = c(x, None)
+    assert rel(y4, F.conv1d(bf(F.pad(x, (hist.shape[1], 0)))[None], bf(w), b, dilation=d)[0]) < SUM_ORDER
+
+
+@HARDWARE
+def test_bf16_conv_streams_bit_for_bit():
+    w, b, _, x = conv_case(192, 96, 7, 9, 700)
+    s = snake_of(96, 3)
+    c = conv.Bf16Conv(w, b, 9)
+    whole, whole_hist = c(x, None, s)
+    outs, hist = [], None
+    for a, e in [(0, 1), (1, 33), (33, 40), (40, 300), (300, 700)]:
+        y, hist = c(x[:, a:e], hist, s)
+        outs.append(y)
+    assert torch.equal(torch.cat(outs, 1), whole) and torch.equal(hist, whole_hist)
+
+
+@HARDWARE
+@pytest.mark.parametrize("cin,cout,stride", [(1536, 768, 8), (192, 96, 3), (1024, 1024, 2)])
+def test_bf16_transposed_conv_streams_as_the_whole_transposed_conv(cin, cout, stride):
+    k = 2 * stride if stride > 2 else 2
+    g = gen(4)
+    w = torch.randn(cin, cout, k, generator=g) / cin ** 0.5
+    b = torch.randn(cout, generator=g)
+    x = torch.randn(cin, 21, generator=g)
+    s = snake_of(cin, 5)
+    tc = conv.Bf16TransConv(w, b, stride)
+    whole, carry = tc(x, None, s)
+    n = 21 * stride
+    ref = F.conv_transpose1d(bf(snake(x, s))[None], bf(w), None, stride=stride)[0]
+    assert rel(whole, ref[:, :n] + b[:, None]) < SNAKE_ROUNDING
+    assert rel(carry, ref[:, n:]) < SNAKE_ROUNDING if k > stride else carry.numel() == 0
+    outs, c = [], None
+    for a, e in [(0, 1), (1, 2), (2, 9), (9, 21)]:
+        y, c = tc(x[:, a:e], c, s)
+        outs.append(y)
+    assert torch.equal(torch.cat(outs, 1), whole) and torch.equal(c, carry)
+
+
+@HARDWARE
+@pytest.mark.parametrize("c,d,t", [(96, 9, 7680), (192, 3, 2560), (192, 1, 100), (64, 3, 50), (96, 9, 20)])
+def test_fused_residual_unit_is_its_two_convs_bit_for_bit(c, d, t):
+    w1, b1, hist, x = conv_case(c, c, 7, d, t, seed=6)
+    w2, b2, _, _ = conv_case(c, c, 1, 1, 1, seed=7)
+    c1, c2 = conv.Bf16Conv(w1, b1, d), conv.Bf16Conv(w2, b2)
+    s1, s2 = snake_of(c, 8), snake_of(c, 9)
+    y, new_hist = conv.Bf16ResidualUnit(c1, c2)(x, hist, s1, s2)
+    h, hist_ref = c1(x, hist, s1)
+    assert torch.equal(y, c2(h, None, s2, residual=x)[0]) and torch.equal(new_hist, hist_ref)
+    with pytest.raises(ValueError, match="a C -> C conv then a 1x1"):
+        conv.Bf16ResidualUnit(c2, c1)
+
+
+def test_narrow_conv_is_the_fp32_conv():
+    w, b, hist, x = conv_case(1, 96, 7, 1, 1000)
+    s = snake_of(96, 10)
+    c = conv.NarrowConv(w, b)
+    y, new_hist = c(x, hist, s)
+    full = torch.cat([hist, snake(x, s)], 1)
+    assert rel(y, F.conv1d(full[None], w, b)[0]) < 1e-5
+    assert torch.allclose(new_hist, full[:, -6:], atol=1e-5)
+    parts = [c(x[:, :500], hist, s), None]
+    parts[1] = c(x[:, 500:], parts[0][1], s)
+    assert torch.equal(torch.cat([parts[0][0], parts[1][0]], 1), y)
+    with pytest.raises(ValueError, match="at most 8 channels"):
+        conv.NarrowConv(torch.zeros(9, 4, 3), None)
+
+
+def test_bad_shapes_are_named():
+    with pytest.raises(ValueError, match="multiples of 32, got 48 out, 96 in"):
+        conv.Bf16Conv(torch.zeros(48, 96, 7), None)
+    if conv.available():
+        c = conv.Bf16Conv(torch.zeros(32, 64, 3), None, 2)
+        with pytest.raises(ValueError, match="takes 64 input channels, got 32"):
+            c(torch.zeros(32, 5), None)
+        with pytest.raises(ValueError, match=r"history is \[64, 4\], got \[64, 3\]"):
+            c(torch.zeros(64, 5), torch.zeros(64, 3))
+        with pytest.raises(ValueError, match=r"residual must be \[32, 5\]"):
+            c(torch.zeros(64, 5), None, residual=torch.zeros(32, 4))
+
+
+LOOPS = [v for v in ("no-amx", "generic") if v in native.LOOP_VARIANT_FLAGS or v in native.VARIANT_FLAGS]
+
+
+@pytest.mark.parametrize("variant", LOOPS)
+def test_every_loop_computes_the_same_conv(variant):
+    """The AVX-512 BF16 loop (the build without AMX) and the plain-C loop, against PyTorch on the
+    rounded operands, and against the host's own loop where it has one."""
+    w, b, hist, x = conv_case(64, 96, 7, 3, 70, seed=11)
+    s = snake_of(96, 12)
+    y, _ = conv.Bf16Conv(w, b, 3, variant=variant)(x, hist, s)
+    full = torch.cat([hist, snake(x, s)], 1)
+    assert rel(y, F.conv1d(bf(full)[None], bf(w), b, dilation=3)[0]) < SNAKE_ROUNDING
+    if conv.available():
+        assert rel(y, conv.Bf16Conv(w, b, 3)(x, hist, s)[0]) < SUM_ORDER
+    expected = {"generic": "plain C"}.get(variant)
+    if expected:
+        assert conv.path(variant) == expected
+
+
+@HARDWARE
+def test_native_transformer_against_the_fp32_layers_and_chunk_by_chunk(tmp_path):
+    ck = load_checkpoint(write_random_checkpoint(tmp_path / "ck", "0.6B", dtype="fp32", talker_layers=1,
+                                                 predictor_layers=1, decoder_layers=3, text_hidden=256,
+                                                 decoder_dim=192))
+    dc = ck.config.decoder
+    fp32, b16 = StreamingDecoder(ck.decoder, dc, "fp32"), StreamingDecoder(ck.decoder, dc, "bf16")
+    assert b16.native_transformer is not None and fp32.native_transformer is None
+    x = torch.randn(100, dc.spec.latent_dim, generator=gen(13))
+
+    def run(dec, chunks):
+        dec.reset()
+        out, a = [], 0
+        for c in chunks:
+            out.append(dec._transformer(x[a:a + c]))
+            dec.position += c
+            a += c
+        return torch.cat(out)
+
+    ref = run(fp32, [100])
+    whole = run(b16, [100])
+    snr = 10 * torch.log10(ref.pow(2).mean() / (whole - ref).pow(2).mean())
+    assert 40 < float(snr) < 90  # close to fp32, and not secretly fp32
+    chunked = run(b16, [1, 2, 4, 7, 16, 3, 67])  # crosses the 72-position window
+    assert torch.equal(chunked, whole)
+    keys = [layer["attn"].keys for layer in b16.layers]
+    assert all(k.shape == (dc.kv_heads, dc.sliding_window - 1, dc.head_dim) for k in keys)
