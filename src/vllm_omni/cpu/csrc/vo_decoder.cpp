@@ -128,6 +128,22 @@ inline void interleave_bf16(const float* a, const float* b, int64_t n, uint16_t*
 
 namespace {
 
+// acc[32][32] for output samples t0 .. t0 + n - 1 (n <= 32): the tile pair, or its first half
+// where the samples are few and the loop has one.
+inline void conv_tiles(const uint16_t* w0, int64_t kb_n, const uint16_t* xp, int64_t row, int64_t cb_n, int64_t k,
+                       int64_t d, int64_t t0, int64_t n, float* acc) {
+#if defined(VO_AMX_BF16)
+    if (n <= 16) return conv_tile_half(w0, kb_n, xp, row, cb_n, k, d, t0, acc);
+#endif
+    (void)n;
+    conv_tile_pair(w0, kb_n, xp, row, cb_n, k, d, t0, acc);
+}
+
+// Whether a conv's parallel region is worth its fork-join: many weights or many inputs.
+inline bool conv_parallel(int64_t cout, int64_t cin, int64_t k, int64_t T) {
+    return cout * cin * k >= 65536 || cin * T >= 16384;
+}
+
 // Linux hands AMX's tile state to a process only when asked (arch_prctl ARCH_REQ_XCOMP_PERM).
 bool conv_ready() {
 #if defined(VO_AMX_BF16)
@@ -227,8 +243,8 @@ void conv_share(const ConvCall& c, uint16_t* xp) {
         const int64_t co0 = item / t_items * 32;
         const int64_t t_end = std::min(t_pad, (item % t_items + 1) * T_ITEM);
         for (int64_t t0 = item % t_items * T_ITEM; t0 < t_end; t0 += T_PAIR) {
-            conv_tile_pair(c.wp + co0 / 16 * kb_n * 512, kb_n, xp, row, cb_n, c.k, c.d, t0, acc);
             const int64_t n = std::min<int64_t>(T_PAIR, T - t0);
+            conv_tiles(c.wp + co0 / 16 * kb_n * 512, kb_n, xp, row, cb_n, c.k, c.d, t0, n, acc);
             for (int64_t r = 0; r < 32; ++r) {
                 const int64_t co = co0 + r;
                 const float b = c.bias != nullptr ? c.bias[co] : 0.0f;
@@ -328,7 +344,7 @@ int32_t vo_conv_bf16(const uint16_t* wp, const float* bias, int64_t cout, int64_
     const int32_t rc = conv_check(c);
     if (rc != 0 || T == 0) return rc;
     uint16_t* xp = conv_packed(cin * conv_row(c));
-#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads()) if (cin * T >= 16384)
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads()) if (conv_parallel(cout, cin, k, T))
     conv_share(c, xp);
     return 0;
 }
@@ -350,7 +366,7 @@ int32_t vo_tconv_bf16(const uint16_t* wp, const float* bias, int64_t cout, int64
     if (rc != 0 || T == 0) return rc;
     const int64_t over = k - stride;
     uint16_t* xp = conv_packed(cin * conv_row(c));
-#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads()) if (cin * T >= 16384)
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads()) if (conv_parallel(k * cout, cin, 1, T))
     {
         conv_share(c, xp);
 #pragma omp for schedule(static)

@@ -59,6 +59,27 @@ inline void conv_tile_pair(const uint16_t* w0, int64_t kb_n, const uint16_t* xp,
     _tile_stored(3, acc + 528, 128);
 }
 
+// The same sums for samples t0 .. t0 + 15 only (acc columns 16-31 left as they are): the calls of
+// a few samples, where the weights' bytes are the cost and the second input tile would be padding.
+inline void conv_tile_half(const uint16_t* w0, int64_t kb_n, const uint16_t* xp, int64_t row, int64_t cb_n,
+                           int64_t k, int64_t d, int64_t t0, float* acc) {
+    const uint16_t* w1 = w0 + kb_n * 512;
+    _tile_zero(0);
+    _tile_zero(2);
+    for (int64_t j = 0; j < k; ++j) {
+        for (int64_t cb = 0; cb < cb_n; ++cb) {
+            const int64_t kb = j * cb_n + cb;
+            _tile_loadd(6, xp + (cb * 16 * row + t0 + j * d) * 2, row * 4);
+            _tile_loadd(4, w0 + kb * 512, 64);
+            _tile_loadd(5, w1 + kb * 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(2, 5, 6);
+        }
+    }
+    _tile_stored(0, acc, 128);
+    _tile_stored(2, acc + 512, 128);
+}
+
 struct TileConfig {
     uint8_t palette = 1, start_row = 0, reserved[14] = {};
     uint16_t colsb[16] = {};
