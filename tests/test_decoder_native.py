@@ -207,3 +207,26 @@ def test_native_transformer_against_the_fp32_layers_and_chunk_by_chunk(tmp_path)
     assert torch.equal(chunked, whole)
     keys = [layer["attn"].keys for layer in b16.layers]
     assert all(k.shape == (dc.kv_heads, dc.sliding_window - 1, dc.head_dim) for k in keys)
+
+
+@HARDWARE
+def test_convnext_block_against_its_torch_ops():
+    g = gen(14)
+    c, inner, t = 64, 256, 23
+    dw_w, dw_b = torch.randn(c, 1, 7, generator=g) / 7 ** 0.5, torch.randn(c, generator=g)
+    norm = (torch.rand(c, generator=g) + 0.5, torch.randn(c, generator=g))
+    fc1 = (torch.randn(inner, c, generator=g) / c ** 0.5, torch.randn(inner, generator=g))
+    fc2 = (torch.randn(c, inner, generator=g) / inner ** 0.5, torch.randn(c, generator=g))
+    x, hist = torch.randn(c, t, generator=g), torch.randn(c, 6, generator=g)
+    block = conv.Bf16ConvNeXt(dw_w, dw_b, norm, 1e-6, fc1, fc2)
+    y, new_hist = block(x, hist)
+    full = torch.cat([hist, x], 1)
+    h = F.conv1d(full[None], dw_w, dw_b, groups=c)[0].T
+    h = F.layer_norm(h, (c,), *norm, eps=1e-6)
+    h = F.gelu(bf(h) @ bf(fc1[0]).T + fc1[1])
+    ref = x + (bf(h) @ bf(fc2[0]).T + fc2[1]).T
+    assert rel(y - x, ref - x) < SNAKE_ROUNDING  # the normed input rounds to bf16 at other neighbours now and then
+    assert torch.equal(new_hist, full[:, -6:])
+    y1, h1 = block(x[:, :10], hist)
+    y2, h2 = block(x[:, 10:], h1)
+    assert torch.equal(torch.cat([y1, y2], 1), y) and torch.equal(h2, new_hist)

@@ -140,6 +140,46 @@ class Bf16ResidualUnit:
         return y, new_hist
 
 
+class Bf16ConvNeXt:
+    """The upsampler's ConvNeXt block, ``x + fc2(gelu(fc1(layernorm(dwconv(x)))))``, in one native call:
+    the depthwise causal conv and the LayerNorm in fp32, fc1 and fc2 in bf16 (``Bf16Conv`` as 1x1
+    convs, the block's gamma folded into fc2 by the caller), the exact GELU between them. Its state
+    is the depthwise conv's history [C, k - 1]."""
+
+    def __init__(self, dw_weight: Tensor, dw_bias: Tensor, norm: tuple[Tensor, Tensor], eps: float,
+                 fc1: tuple[Tensor, Tensor], fc2: tuple[Tensor, Tensor], threads: int | None = None,
+                 variant: str = "native"):
+        self.channels, self.k = dw_weight.shape[0], dw_weight.shape[-1]
+        self.dw_w, self.dw_b = dw_weight.float().reshape(self.channels, self.k).contiguous(), dw_bias.float().contiguous()
+        self.norm = tuple(t.float().contiguous() for t in norm)
+        self.eps = eps
+        self.fc1 = Bf16Conv(fc1[0][:, :, None], fc1[1], threads=threads, variant=variant)
+        self.fc2 = Bf16Conv(fc2[0][:, :, None], fc2[1], threads=threads, variant=variant)
+        if (self.fc1.c_in, self.fc2.c_out, self.fc2.c_in) != (self.channels, self.channels, self.fc1.c_out):
+            raise ValueError(f"a ConvNeXt block is C -> I -> C around a depthwise conv of C channels, got {self.channels}"
+                             f" channels, fc1 {self.fc1.c_in} -> {self.fc1.c_out}, fc2 {self.fc2.c_in} -> {self.fc2.c_out}")
+        self.threads, self.lib = threads, self.fc1.lib
+
+    def __call__(self, x: Tensor, hist: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(y [C, T], the depthwise conv's next history) from x [C, T] and its history (None: zeros)."""
+        x = x.float().contiguous()
+        if x.shape[0] != self.channels:
+            raise ValueError(f"this ConvNeXt block takes {self.channels} channels, got {x.shape[0]}")
+        if hist is not None and tuple(hist.shape) != (self.channels, self.k - 1):
+            raise ValueError(f"its history is [{self.channels}, {self.k - 1}], got {list(hist.shape)}")
+        hist = None if hist is None else hist.float().contiguous()
+        y, new_hist = torch.empty_like(x), torch.empty(self.channels, self.k - 1)
+        rc = self.lib.vo_convnext_bf16(
+            self.dw_w.data_ptr(), self.dw_b.data_ptr(), self.channels, self.k, _ptr(hist), x.data_ptr(), x.shape[1],
+            self.norm[0].data_ptr(), self.norm[1].data_ptr(), self.eps, self.fc1.packed.data_ptr(),
+            _ptr(self.fc1.bias), self.fc1.c_out, self.fc2.packed.data_ptr(), _ptr(self.fc2.bias), y.data_ptr(),
+            new_hist.data_ptr(), self.threads or torch.get_num_threads())
+        if rc != 0:
+            raise RuntimeError(f"vo_convnext_bf16 failed ({rc}) on {self.channels} channels, {x.shape[1]} samples"
+                               + (": the kernel refused AMX's tile state" if rc == -2 else ""))
+        return y, new_hist
+
+
 class Bf16TransConv:
     """A causal transposed conv (ConvTranspose1d with kernel k = stride or 2 * stride, the last
     k - stride outputs dropped) in bf16 with fp32 sums: the product as a 1x1 conv to (tap, channel)

@@ -241,6 +241,7 @@ _SIGNATURES = {
     "vo_tconv_bf16": (_I32, [P, P, _I64, _I64, _I64, _I64, P, _I64, P, P, P, P, P, _I32]),
     "vo_dec_transformer": (_I32, [ctypes.POINTER(VoDecTransformer), P, _I64, P, P, P, P, _I64, P, P, P, _I32]),
     "vo_res_unit_bf16": (_I32, [P, P, P, P, _I64, _I64, _I64, P, P, _I64, P, P, P, P, P, P, _I32]),
+    "vo_convnext_bf16": (_I32, [P, P, _I64, _I64, P, P, _I64, P, P, _F32, P, P, _I64, P, P, P, P, _I32]),
     "vo_conv_f32_narrow": (_I32, [P, P, _I64, _I64, _I64, _I64, P, P, _I64, P, P, P, P, _I32]),
 }
 FMT_CODES = {"fp32": 0, "int8": 1, "int4": 2}

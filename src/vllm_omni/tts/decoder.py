@@ -87,6 +87,7 @@ def bf16_helps() -> bool:
 
 
 BF16_MIN_ROWS = 4
+CONVNEXT_EPS = 1e-6  # the upsampler's LayerNorm
 NATIVE_ROWS = 16  # at most this many rows a call: the native GEMV (weight-bound); more: PyTorch's GEMM
 
 
@@ -391,13 +392,19 @@ class StreamingDecoder:
         for i, factor in enumerate(s.upsampling_ratios):
             nx = f"decoder.upsample.{i}.1"
             c = s.latent_dim
+            norm = (w[f"{nx}.norm.weight"], w[f"{nx}.norm.bias"])
+            fc1 = (w[f"{nx}.pwconv1.weight"], w[f"{nx}.pwconv1.bias"])
+            fc2 = (w[f"{nx}.pwconv2.weight"] * w[f"{nx}.gamma"][:, None], w[f"{nx}.pwconv2.bias"] * w[f"{nx}.gamma"])
+            # bf16 where native: the whole block in one call (the depthwise conv keeps the state)
+            native = None
+            if precision == "bf16" and _bf16_native(lib, *fc1[0].shape) and _bf16_native(lib, *fc2[0].shape):
+                native = conv_native.Bf16ConvNeXt(w[f"{nx}.dwconv.conv.weight"], w[f"{nx}.dwconv.conv.bias"], norm,
+                                                  CONVNEXT_EPS, fc1, fc2)
+            fl, fp = (None, "fp32") if native is not None else (lib, precision)
             self.upsample.append({
                 "tconv": _CausalTransConv(w, f"decoder.upsample.{i}.0", factor, lib, precision),
-                "dw": _CausalConv(w, f"{nx}.dwconv", groups=c),
-                "norm": (w[f"{nx}.norm.weight"], w[f"{nx}.norm.bias"]),
-                "fc1": _Linear(w[f"{nx}.pwconv1.weight"], w[f"{nx}.pwconv1.bias"], lib, precision),
-                "fc2": _Linear(w[f"{nx}.pwconv2.weight"] * w[f"{nx}.gamma"][:, None],
-                               w[f"{nx}.pwconv2.bias"] * w[f"{nx}.gamma"], lib, precision),
+                "dw": _CausalConv(w, f"{nx}.dwconv", groups=c), "norm": norm, "native": native,
+                "fc1": _Linear(*fc1, fl, fp), "fc2": _Linear(*fc2, fl, fp),
             })
         self.conv_in = _CausalConv(w, "decoder.decoder.0", lib=lib, precision=precision)
         self.blocks = []
@@ -520,8 +527,11 @@ class StreamingDecoder:
     def _upsample(self, x: Tensor) -> Tensor:
         for up in self.upsample:
             x = up["tconv"](x)
+            if up["native"] is not None:
+                x, up["dw"].hist = up["native"](x, up["dw"].hist)
+                continue
             y = up["dw"](x).T
-            y = F.layer_norm(y, (y.shape[-1],), up["norm"][0], up["norm"][1], eps=1e-6)
+            y = F.layer_norm(y, (y.shape[-1],), up["norm"][0], up["norm"][1], eps=CONVNEXT_EPS)
             y = up["fc2"](F.gelu(up["fc1"](y)))
             x = x + y.T
         return self.conv_in(x)

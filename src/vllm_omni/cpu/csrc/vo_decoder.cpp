@@ -512,6 +512,51 @@ int32_t vo_res_unit_bf16(const uint16_t* w1, const float* b1, const uint16_t* w2
     return 0;
 }
 
+// One ConvNeXt block of the upsampler, y = x + fc2(gelu(fc1(layernorm(dwconv(x))))), in one
+// parallel region: the depthwise causal conv (k taps a channel, weights dw_w [C, k], history
+// hist [C, k - 1], null: zeros; new_hist gets the next) and the LayerNorm over channels in fp32,
+// fc1 (C -> I) and fc2 (I -> C, the block's gamma folded in by the caller) as bf16 1x1 convs,
+// the exact GELU between them. x, y: [C, T].
+int32_t vo_convnext_bf16(const float* dw_w, const float* dw_b, int64_t C, int64_t k, const float* hist,
+                         const float* x, int64_t T, const float* ln_w, const float* ln_b, float eps,
+                         const uint16_t* fc1, const float* fc1_b, int64_t I, const uint16_t* fc2, const float* fc2_b,
+                         float* y, float* new_hist, int32_t threads) {
+    if (C % 32 != 0 || I % 32 != 0 || k < 1 || T < 0) return -1;
+    if (T == 0) return 0;
+    if (!conv_ready()) return -2;
+    const int64_t tail = k - 1, t_pad = (T + T_PAIR - 1) / T_PAIR * T_PAIR;
+    std::vector<float> h(C * T), mid(I * T);
+    uint16_t* xp = conv_packed(std::max(C, I) * t_pad);
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
+    {
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < C; ++c) {  // in[c] = [hist[c] | x[c]]; output t reads in[t .. t + tail]
+            auto in = [&](int64_t i) { return i < tail ? (hist != nullptr ? hist[c * tail + i] : 0.0f) : x[c * T + i - tail]; };
+            for (int64_t t = 0; t < T; ++t) {
+                float sum = dw_b != nullptr ? dw_b[c] : 0.0f;
+                for (int64_t j = 0; j < k; ++j) sum += dw_w[c * k + j] * in(t + j);
+                h[c * T + t] = sum;
+            }
+            if (new_hist != nullptr)
+                for (int64_t j = 0; j < tail; ++j) new_hist[c * tail + j] = in(T + j);
+        }
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; ++t) {
+            float mean = 0.0f, var = 0.0f;
+            for (int64_t c = 0; c < C; ++c) mean += h[c * T + t];
+            mean /= float(C);
+            for (int64_t c = 0; c < C; ++c) var += (h[c * T + t] - mean) * (h[c * T + t] - mean);
+            const float r = 1.0f / std::sqrt(var / float(C) + eps);
+            for (int64_t c = 0; c < C; ++c) h[c * T + t] = (h[c * T + t] - mean) * r * ln_w[c] + ln_b[c];
+        }
+        linear_share(fc1, fc1_b, I, C, h.data(), T, nullptr, mid.data(), xp);
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < I * T; ++i) mid[i] = 0.5f * mid[i] * (1.0f + std::erf(mid[i] * 0.70710678118654752f));
+        linear_share(fc2, fc2_b, C, I, mid.data(), T, x, y, xp);
+    }
+    return 0;
+}
+
 // --- The decoder's transformer in bf16 ----------------------------------------------------
 //
 // In, 8 pre-norm layers of sliding-window attention and SwiGLU, out, on T samples in one
