@@ -354,6 +354,53 @@ def test_a_stale_or_broken_cache_is_rebuilt_and_an_unwritable_one_is_skipped(tin
     assert start(off, "int4", cache=False).cache is None and not (off / ".qwen3-tts-edge").exists()
 
 
+def test_the_talker_and_the_predictor_take_their_own_formats(tiny_dir, tmp_path):
+    """``int4+int8``: an int4 talker and an int8 predictor, each read from its format's cache file, which
+    keeps what another start packed in it; the first frame's codebook-0 code is the talker's alone."""
+    from vllm_omni.tts.generate import CodeGenerator
+    from vllm_omni.tts.pipeline import decoder_precision
+    from vllm_omni.tts.weight_cache import cache_path
+    from vllm_omni.tts.weight_choice import canonical, weight_parts
+
+    assert weight_parts("int4") == ("int4", "int4") and weight_parts("int4+int8") == ("int4", "int8")
+    assert canonical("int8+int8") == "int8" and canonical("fp32+int4") == "fp32+int4"
+    for bad in ("int5", "int4,int8", "int4+int8+fp32", "+int8", ""):
+        with pytest.raises(ValueError, match="TALKER\\+PREDICTOR such as int4\\+int8"):
+            weight_parts(bad)
+    assert decoder_precision("auto", "fp32+int4") == decoder_precision("auto", "int4")
+    assert decoder_precision("auto", "fp32") == "fp32"
+
+    ck = _copy(tiny_dir, tmp_path / "ck")
+
+    def start(fmt):
+        return CodeGenerator(load_checkpoint(ck), fmt, 1, max_positions=64)
+
+    four, eight = start("int4"), start("int8")
+    mix = start("int4+int8")
+    assert (mix.talker.fmt, mix.predictor.fmt, mix.weights) == ("int4", "int8", "int4+int8")
+    assert mix.cache is None and len(mix.caches) == 2 and all(c.hit for c in mix.caches)  # both read, nothing packed
+    other = start("int8+int4")
+    assert (other.talker.fmt, other.predictor.fmt) == ("int8", "int4") and all(c.hit for c in other.caches)
+    assert cache_path(ck, "int4").is_file() and cache_path(ck, "int8").is_file()
+    fresh = _copy(tiny_dir, tmp_path / "fresh")  # a mix first: each file gets one part
+    assert all(c.made > 0 for c in CodeGenerator(load_checkpoint(fresh), "int4+int8", 1, max_positions=64).caches)
+    again = CodeGenerator(load_checkpoint(fresh), "int4", 1, max_positions=64)
+    assert 0 < again.cache.made and 0 < again.cache.read  # the predictor packed, the talker read from the file
+    assert CodeGenerator(load_checkpoint(fresh), "int4", 1, max_positions=64).cache.hit  # and both kept in it
+
+    for command in (["speak", "--text", "x", "--out", "x.wav"], ["serve"], ["serve-cluster"]):
+        args = cli.build_parser().parse_args([*command, "--model", str(ck), "--weights", "int4+int8"])
+        assert args.weights == "int4+int8"
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["serve", "--model", str(ck), "--weights", "int4,int8"])
+
+    from vllm_omni.tts.generate import Sampling
+
+    prompt = build_prompt(mix.ckpt, "Hello there.", speaker="ryan", language="english")
+    c0 = {g: int(next(iter(g.generate(prompt, Sampling(greedy=True), max_frames=3)))[0]) for g in (four, eight, mix, other)}
+    assert c0[mix] == c0[four] and c0[other] == c0[eight]
+
+
 # --- the WAV and the command ------------------------------------------------------------------
 
 def test_an_interrupted_wav_leaves_nothing(tmp_path):

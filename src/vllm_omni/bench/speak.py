@@ -30,6 +30,13 @@ from vllm_omni.bench.common import (
 TEXT = "Hello! This short sentence is spoken on two CPU cores, one frame at a time."
 SPEAKER, LANGUAGE = "ryan", "english"
 FORMATS = ("int4", "int8", "fp32")  # int4 first: the peak memory recorded with its rows is its own
+
+
+def weight_choices() -> list[str]:
+    """What ``--weights`` takes, in the order the rows come: each format for both parts, then each mix."""
+    return [*FORMATS, *(f"{t}+{p}" for t in FORMATS for p in FORMATS if t != p)]
+
+
 MODES = {"streaming": True, "non-streaming": False}
 DECODERS = ("auto", "fp32", "bf16")
 CACHE_ENV = "VLLM_OMNI_CHECKPOINTS"
@@ -42,7 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-dir", type=folder_path, default=None,
                    help=f"a checkpoint directory (default: a random one of the published shapes, written once "
                         f"under ${CACHE_ENV} or ~/.cache/vllm_omni/checkpoints)")
-    p.add_argument("--weights", default=",".join(FORMATS), help="comma-separated formats (default int4,int8,fp32)")
+    p.add_argument("--weights", default=",".join(FORMATS),
+                   help="comma-separated formats (default int4,int8,fp32); TALKER+PREDICTOR for a mix, e.g. int4+int8")
     p.add_argument("--thread-counts", default=None, help="comma-separated thread counts (default: 1 and all usable)")
     p.add_argument("--text-modes", default=",".join(MODES), help="streaming,non-streaming (default both)")
     p.add_argument("--frames", type=positive_int, default=None, help="frames per utterance (default 40; --quick 3)")
@@ -127,19 +135,23 @@ def _ours(model_dir: Path, fmt: str, threads: int, modes: list[str], frames: int
           decoder: str) -> list[dict]:
     from vllm_omni.tts.pipeline import Speech
     from vllm_omni.tts.weight_cache import CACHED_FORMATS, cache_path
+    from vllm_omni.tts.weight_choice import weight_parts
 
-    cache_path(model_dir, fmt).unlink(missing_ok=True)  # the first start packs (and writes the cache)
+    cached = [f for f in dict.fromkeys(weight_parts(fmt)) if f in CACHED_FORMATS]
+    for f in cached:
+        cache_path(model_dir, f).unlink(missing_ok=True)  # the first start packs (and writes the cache)
     t0 = time.perf_counter()
     speech = Speech.load(model_dir, weights=fmt, threads=threads, max_positions=512, decoder=decoder)
     load_s, cached_load_s = time.perf_counter() - t0, None
-    if fmt in CACHED_FORMATS and cache_path(model_dir, fmt).is_file():  # a second start, from that cache
+    if cached and all(cache_path(model_dir, f).is_file() for f in cached):  # a second start, from that cache
         del speech
         gc.collect()
         t0 = time.perf_counter()
         speech = Speech.load(model_dir, weights=fmt, threads=threads, max_positions=512, decoder=decoder)
         cached_load_s = time.perf_counter() - t0
-        if not speech.generator.cache.hit:
-            raise BenchError(f"{cache_path(model_dir, fmt)}: the second start did not read the packed cache")
+        if not all(c.hit for c in speech.generator.caches):
+            raise BenchError(f"{', '.join(str(cache_path(model_dir, f)) for f in cached)}: the second start did not "
+                             "read the packed cache")
     speech.synthesize(TEXT, speaker=SPEAKER, language=LANGUAGE, max_frames=2)  # warm-up
     rows = []
     for mode in modes:
@@ -227,8 +239,9 @@ def run(args: argparse.Namespace) -> int:
     from vllm_omni.tts.pipeline import decoder_precision
     from vllm_omni.tts.text import assistant_text
 
-    formats = parse_list(args.weights, FORMATS, "weights")
-    formats = [f for f in FORMATS if f in formats]
+    choices = weight_choices()
+    formats = parse_list(args.weights, choices, "weights")
+    formats = [f for f in choices if f in formats]
     modes = parse_list(args.text_modes, tuple(MODES), "text-modes")
     counts, frames, repeats = sweep(args)
     model_dir = args.model_dir or random_checkpoint(args.model, args.seed, args.quick)

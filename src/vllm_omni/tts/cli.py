@@ -234,6 +234,21 @@ THREADS_HELP = ("CPU threads at most (default: the usable CPUs); fewer while oth
 FIXED_THREADS_HELP = ("run on --threads threads even while other processes keep cores busy (by default the engine "
                       "steps on the cores they leave free: with every core's thread waiting at each barrier for one "
                       "the OS has descheduled, a busy core made it many times slower)")
+WEIGHTS_HELP = ("format of the talker and predictor weights: int4 (default), int8 or fp32 for both, or "
+                "TALKER+PREDICTOR for each its own, e.g. int4+int8 (an int8 predictor moves fewer codes, at about "
+                "twice its int4 time a frame)")
+
+
+def _weights(text: str) -> str:
+    """``--weights``: one format, or a mix (``weight_choice``), checked as the option is read."""
+    from vllm_omni.tts.weight_choice import canonical
+
+    try:
+        return canonical(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 DECODER_HELP = ("the decoder's precision: auto (default) is bf16 with int8/int4 weights where the CPU multiplies "
                 "bf16 (AVX-512 BF16, AMX), else fp32; fp32 equals the official decode")
 
@@ -331,7 +346,7 @@ def _serving_arguments(sv: argparse.ArgumentParser) -> None:
                          "as this model's")
     sv.add_argument("--default-format", choices=tuple(FORMATS), default="mp3",
                     help="the audio format of a request without response_format (default mp3, as OpenAI's)")
-    sv.add_argument("--weights", choices=("fp32", "int8", "int4"), default="int4")
+    sv.add_argument("--weights", type=_weights, default="int4", metavar="FORMAT", help=WEIGHTS_HELP)
     sv.add_argument("--decoder", choices=("auto", "fp32", "bf16"), default="auto", help=DECODER_HELP)
     sv.add_argument("--threads", type=_threads, help=THREADS_HELP)
     sv.add_argument("--fixed-threads", action="store_true", help=FIXED_THREADS_HELP)
@@ -373,8 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="the WAV file to write ('-': standard output, as it is made)")
     s.add_argument("--stream", action="store_true",
                    help="write each chunk as it is decoded instead of at the end (the file still appears whole)")
-    s.add_argument("--weights", choices=("fp32", "int8", "int4"), default="int4",
-                   help="format of the talker and predictor weights (default int4)")
+    s.add_argument("--weights", type=_weights, default="int4", metavar="FORMAT", help=WEIGHTS_HELP)
     s.add_argument("--decoder", choices=("auto", "fp32", "bf16"), default="auto", help=DECODER_HELP)
     s.add_argument("--threads", type=_threads, help=THREADS_HELP)
     s.add_argument("--fixed-threads", action="store_true", help=FIXED_THREADS_HELP)

@@ -23,6 +23,7 @@ from vllm_omni.cpu.frame import StepStats
 from vllm_omni.cpu.free_cores import CoreWatch
 from vllm_omni.tts.checkpoint import Checkpoint
 from vllm_omni.tts.prompt import Prompt
+from vllm_omni.tts.weight_choice import canonical, weight_parts
 
 
 
@@ -72,20 +73,29 @@ class CodeGenerator:
         from vllm_omni.cpu.quant import pack_now
         from vllm_omni.tts.weight_cache import CACHED_FORMATS, PackedWeights
 
-        self.ckpt, self.weights = ckpt, weights
+        talker_fmt, predictor_fmt = weight_parts(weights)
+        self.ckpt, self.weights = ckpt, canonical(weights)
         self.max_positions = whole_number("max_positions", max_positions, 2)
-        packer = PackedWeights.open(ckpt, weights) if cache and weights in CACHED_FORMATS else None
-        self.cache = packer  # None: not cached (fp32, or asked not to)
-        pack = packer or pack_now
-        self.talker = FusedTalker(ckpt.talker, weights, threads, max_positions=self.max_positions, packer=pack)
-        self.predictor = FusedPredictor(ckpt.predictor, weights, threads, packer=pack)
-        if packer is not None:
+        # one cache file per format: a mix reads its talker from one, its predictor from the other
+        packers = {f: PackedWeights.open(ckpt, f) for f in dict.fromkeys((talker_fmt, predictor_fmt))
+                   if cache and f in CACHED_FORMATS}
+        self.caches = list(packers.values())  # empty: not cached (fp32, or asked not to)
+        self.talker = FusedTalker(ckpt.talker, talker_fmt, threads, max_positions=self.max_positions,
+                                  packer=packers.get(talker_fmt, pack_now))
+        self.predictor = FusedPredictor(ckpt.predictor, predictor_fmt, threads, packer=packers.get(predictor_fmt, pack_now))
+        for packer in packers.values():
             packer.finish()
         self.codec_embedding = ckpt.talker.codec_embedding
         self.spec = ckpt.config.spec
         self._batch = None
         self.max_threads = self.talker.threads
         self.cores = CoreWatch() if share_cores else None
+
+    @property
+    def cache(self):
+        """The packed-weight cache of a start in one format (``weight_cache.PackedWeights``; None where it
+        is not cached); a mix of formats has one per format in ``caches``."""
+        return self.caches[0] if len(self.caches) == 1 else None
 
     @property
     def threads(self) -> int:

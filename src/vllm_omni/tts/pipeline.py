@@ -27,8 +27,7 @@ from vllm_omni.cpu.frame import StepStats
 from vllm_omni.tts.checkpoint import Checkpoint, load_checkpoint
 from vllm_omni.tts.generate import CodeGenerator, GenerationStats, Sampling
 from vllm_omni.tts.prompt import build_prompt
-
-WEIGHT_FORMATS = ("fp32", "int8", "int4")
+from vllm_omni.tts.weight_choice import WEIGHT_FORMATS, canonical, quantized  # noqa: F401 (WEIGHT_FORMATS: re-exported)
 
 
 @dataclass
@@ -75,16 +74,16 @@ DECODER_CHOICES = ("auto", "fp32", "bf16")
 
 
 def decoder_precision(choice: str, weights: str) -> str:
-    """The decoder's precision for ``choice``: "auto" is bf16 for int8 and int4 weights on a CPU that
-    multiplies bf16 natively (``decoder.bf16_helps``), else fp32; fp32 weights keep the fp32
-    decoder, whose output equals the official decode."""
+    """The decoder's precision for ``choice``: "auto" is bf16 where int8 or int4 weights are in use
+    (``weight_choice.quantized``) on a CPU that multiplies bf16 natively (``decoder.bf16_helps``), else
+    fp32; fp32 weights keep the fp32 decoder, whose output equals the official decode."""
     from vllm_omni.tts.decoder import bf16_helps
 
     if choice not in DECODER_CHOICES:
         raise ValueError(f"decoder must be one of {', '.join(DECODER_CHOICES)}, got {choice!r}")
     if choice != "auto":
         return choice
-    return "bf16" if weights != "fp32" and bf16_helps() else "fp32"
+    return "bf16" if quantized(weights) and bf16_helps() else "fp32"
 
 
 RAMP = (1, 1, 2, 2)
@@ -115,8 +114,7 @@ class Speech:
         from vllm_omni.cpu.predictor import default_threads
         from vllm_omni.tts.decoder import StreamingDecoder
 
-        if weights not in WEIGHT_FORMATS:
-            raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
+        weights = canonical(weights)
         precision = decoder_precision(decoder, weights)
         self.threads = default_threads() if threads is None else whole_number("threads", threads, 1, 1024)
         torch.set_num_threads(self.threads)
@@ -134,12 +132,12 @@ class Speech:
     def load(cls, model_dir: str | Path, weights: str = "int4", threads: int | None = None,
              max_positions: int = 2048, cache: bool = True, decoder: str = "auto",
              share_cores: bool = True) -> "Speech":
-        """Load ``model_dir``; ``cache``: read and keep the packed int8/int4 weights in it (``weight_cache``);
+        """Load ``model_dir``; ``weights``: the talker's and the predictor's formats (``weight_choice``: "int4",
+        or "int4+int8" for an int4 talker and an int8 predictor); ``cache``: read and keep the packed
+        int8/int4 weights in it (``weight_cache``);
         ``decoder``: its precision (``decoder_precision``); ``threads``: at most this many, fewer while other
         work keeps cores busy unless ``share_cores`` is False (``vllm_omni.cpu.free_cores``)."""
-        if weights not in WEIGHT_FORMATS:  # before reading gigabytes
-            raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
-        decoder_precision(decoder, weights)
+        decoder_precision(decoder, canonical(weights))  # before reading gigabytes
         if threads is not None:
             whole_number("threads", threads, 1, 1024)
         return cls(load_checkpoint(model_dir), weights, threads, max_positions, cache, decoder, share_cores)

@@ -6,7 +6,8 @@ result is saved as one safetensors file per format, ``DIR/.qwen3-tts-edge/packed
 whose metadata names what it was made from: the checkpoint's weight file (size and modification
 time), the format and the packing layout (``quant.LAYOUT_VERSION``). On the next start with the
 same format every packed matrix is read from it and the checkpoint's large matrices are never
-read. A file that differs in any of these, or cannot be read, is packed again and replaced; the
+read. A mix of formats (an int4 talker with an int8 predictor) reads each part from its format's
+file and adds what it packs to it. A file that differs in any of these, or cannot be read, is packed again and replaced; the
 file is written under a temporary name and renamed, so a start that is interrupted leaves no
 half-written cache. Where the directory cannot be written the start is not cached (one line on
 stderr says so). fp32 is not cached: its "packing" is the checkpoint's own values, converted, and
@@ -98,7 +99,18 @@ class PackedWeights:
         return m
 
     def finish(self) -> Path | None:
-        """Write the cache if this start packed anything; the path, or None if nothing was written."""
+        """Write the cache if this start packed anything; the path, or None if nothing was written. The
+        file's other matrices are kept: a start that takes only its talker from this format (a mix,
+        ``weight_choice``) leaves the predictor that another start packed in it."""
+        from vllm_omni.cpu.quant import QuantMatrix
+
+        if self.made and self._stored is not None:
+            for name, (rows, cols) in self._layout.items():
+                if name not in self.matrices:
+                    keys = self._stored.keys()
+                    scale = self._stored.get_tensor(f"{name}.scale") if f"{name}.scale" in keys else None
+                    self.matrices[name] = QuantMatrix(self.source["format"], self._stored.get_tensor(f"{name}.data"),
+                                                      scale, rows, cols)
         self._stored = None
         if not self.made:
             self.matrices.clear()
