@@ -18,6 +18,7 @@ What each is held to, and why:
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -153,7 +154,7 @@ def test_bad_shapes_are_named():
         conv.Bf16Conv(torch.zeros(48, 96, 7), None)
     if conv.available():
         c = conv.Bf16Conv(torch.zeros(32, 64, 3), None, 2)
-        with pytest.raises(ValueError, match="takes 64 input channels, got 32"):
+        with pytest.raises(ValueError, match=r"conv takes \[64, T\] inputs, got \[32, 5\]"):
             c(torch.zeros(32, 5), None)
         with pytest.raises(ValueError, match=r"history is \[64, 4\], got \[64, 3\]"):
             c(torch.zeros(64, 5), torch.zeros(64, 3))
@@ -230,3 +231,118 @@ def test_convnext_block_against_its_torch_ops():
     y1, h1 = block(x[:, :10], hist)
     y2, h2 = block(x[:, 10:], h1)
     assert torch.equal(torch.cat([y1, y2], 1), y) and torch.equal(h2, new_hist)
+
+
+@HARDWARE
+def test_several_streams_in_one_call_are_each_alone_bit_for_bit():
+    """Each kernel's ``many``: the weights read once for every stream, each stream's samples the same bits
+    as in a call of its own, each with its own state (lengths 1 to 45, one stream with no history yet)."""
+    g = gen(20)
+    lengths = [4, 1, 45, 16]
+
+    def streams(c, tail):
+        xs = [torch.randn(c, t, generator=g) for t in lengths]
+        return xs, [None if i == 1 else torch.randn(c, tail, generator=g) for i in range(len(lengths))]
+
+    def same(many, alone):
+        for got, want in zip(many, alone):
+            for a, b in zip(got, want):
+                assert torch.equal(a, b)
+
+    w, b, _, _ = conv_case(64, 96, 7, 3, 1, seed=21)
+    c, s = conv.Bf16Conv(w, b, 3), snake_of(96, 22)
+    xs, hs = streams(96, 18)
+    rs = [torch.randn(64, t, generator=g) for t in lengths]
+    same(zip(*c.many(xs, hs, s, rs)), [c(x, h, s, r) for x, h, r in zip(xs, hs, rs)])
+
+    tc = conv.Bf16TransConv(torch.randn(96, 64, 8, generator=g) / 10, torch.randn(64, generator=g), 4)
+    xs, _ = streams(96, 0)
+    carries = [None, torch.randn(64, 4, generator=g), torch.randn(64, 4, generator=g), None]
+    same(zip(*tc.many(xs, carries, s)), [tc(x, k, s) for x, k in zip(xs, carries)])
+
+    w2, b2, _, _ = conv_case(96, 96, 1, 1, 1, seed=23)
+    unit = conv.Bf16ResidualUnit(conv.Bf16Conv(*conv_case(96, 96, 7, 9, 1, seed=24)[:2], 9), conv.Bf16Conv(w2, b2))
+    xs, hs = streams(96, 54)
+    s2 = snake_of(96, 25)
+    same(zip(*unit.many(xs, hs, s, s2)), [unit(x, h, s, s2) for x, h in zip(xs, hs)])
+
+    block = conv.Bf16ConvNeXt(torch.randn(64, 1, 7, generator=g) / 3, torch.randn(64, generator=g),
+                              (torch.rand(64, generator=g) + 0.5, torch.randn(64, generator=g)), 1e-6,
+                              (torch.randn(128, 64, generator=g) / 8, torch.randn(128, generator=g)),
+                              (torch.randn(64, 128, generator=g) / 11, torch.randn(64, generator=g)))
+    xs, hs = streams(64, 6)
+    same(zip(*block.many(xs, hs)), [block(x, h) for x, h in zip(xs, hs)])
+
+
+@pytest.fixture(scope="module")
+def wide_decoder(tmp_path_factory):
+    """A checkpoint whose every decoder conv fits the native loops: the published conv width, two transformer layers."""
+    ck = load_checkpoint(write_random_checkpoint(tmp_path_factory.mktemp("wide") / "ck", "0.6B", dtype="fp32",
+                                                 talker_layers=1, predictor_layers=1, decoder_layers=2,
+                                                 text_hidden=256, decoder_dim=1536))
+    return ck
+
+
+@HARDWARE
+def test_streams_decoded_together_are_each_decoded_alone(wide_decoder):
+    """``push_streams``: every stage one call for all streams, each stream's samples and state the same
+    bits as its own ``push``; a stream joins mid-way from a fresh state, another brings no frames, and
+    the decoder's own state is left alone."""
+    ck = wide_decoder
+    dec = StreamingDecoder(ck.decoder, ck.config.decoder, "bf16")
+    assert dec.streams_together
+    g = gen(30)
+    codes = [torch.randint(0, 2048, (n, 16), generator=g) for n in (9, 13, 4)]
+    alone, states = [], []
+    for c in codes:  # each stream some frames in, alone
+        dec.reset()
+        dec.push(c[:3])
+        states.append(dec.save_state())
+    for c, st in zip(codes, states):
+        dec.load_state(st)
+        alone.append(dec.push(c[3:]))
+    mine = dec.save_state()
+    outs, news = dec.push_streams([c[3:] for c in codes] + [torch.zeros(0, 16, dtype=torch.int64)],
+                                  states + [dec.fresh_state()])
+    for got, want in zip(outs, alone):
+        assert torch.equal(got, want)
+    assert outs[3].numel() == 0 and news[3].position == 0
+    dec.load_state(news[1])  # a state from the shared call continues alone as it would have
+    nxt = dec.push(codes[1][:2])
+    dec.load_state(states[1])
+    dec.push(codes[1][3:])
+    assert torch.equal(nxt, dec.push(codes[1][:2]))
+    joined = dec.fresh_state()  # a stream that joins now: its first frames beside the others' later ones
+    outs2, _ = dec.push_streams([codes[0][:2], codes[2][:1]], [news[0], joined])
+    dec.reset()
+    assert torch.equal(outs2[1], dec.push(codes[2][:1]))
+    assert dec.save_state().position == 1 and mine.position == states[2].position + 1
+
+
+@HARDWARE
+def test_utterances_decoded_together_get_the_audio_they_get_alone(wide_decoder):
+    """The server's path (``pipeline.decode_together``): two utterances whose chunks fill at the same
+    frames are decoded in one pass, and each gets the samples it gets alone, chunk for chunk."""
+    from vllm_omni.tts.generate import Sampling
+    from vllm_omni.tts.pipeline import Speech, decode_together
+    from vllm_omni.tts.prompt import build_prompt
+
+    speech = Speech(wide_decoder, "int4", threads=2, max_positions=128, decoder="bf16")
+    assert speech.decoder.streams_together
+    texts = ["Hello there.", "今天天气很好。"]
+    codes = [list(speech.generator.generate(build_prompt(wide_decoder, t, speaker="ryan", language="auto"),
+                                            Sampling(greedy=True), max_frames=8)) for t in texts]
+    alone = []
+    for t, c in zip(texts, codes):
+        sp = speech.open(t, speaker="ryan", greedy=True, max_frames=8)
+        alone.append([x.samples for x in (sp.add(row) for row in c) if x is not None])
+    both = [speech.open(t, speaker="ryan", greedy=True, max_frames=8) for t in texts]
+    together = [[], []]
+    for rows in zip(*codes):
+        due = [sp for sp, row in zip(both, rows) if sp.take(row)]
+        for sp, chunk in zip(due, decode_together(due)):
+            together[both.index(sp)].append(chunk.samples)
+    assert [len(a) for a in alone] == [len(t) for t in together] and len(alone[0]) >= 3
+    for a, t in zip(alone, together):
+        for x, y in zip(a, t):
+            assert np.array_equal(x, y)

@@ -47,28 +47,27 @@ def shared(speech):
 
 @contextlib.contextmanager
 def gated(speech, monkeypatch, fail_on: str | None = None):
-    """Utterances (``speech.open``) that wait for ``gate`` before handing over each chunk after the
-    first, and raise after the first chunk of ``fail_on``; the engine's one worker waits with them."""
+    """Utterances (``speech.open``) that wait for ``gate`` before each chunk after the first is
+    decoded, and raise after the first chunk of ``fail_on``; the engine's one worker waits with them."""
     gate = threading.Event()
     real = speech.open
 
     def open_(text, **kw):
         speaking = real(text, **kw)
-        add, chunks = speaking.add, [0]
+        take, chunks = speaking.take, [0]
 
-        def gated_add(codes):
-            chunk = add(codes)
-            if chunk is None:
-                return None
+        def gated_take(codes):
+            if not take(codes):
+                return False
             i, chunks[0] = chunks[0], chunks[0] + 1
             if text == fail_on and i == 1:
                 raise RuntimeError("a fault inside this stream")
             while i and not gate.wait(0.05):
                 if speaking.should_stop():
                     break
-            return chunk
+            return True
 
-        speaking.add = gated_add
+        speaking.take = gated_take
         return speaking
 
     monkeypatch.setattr(speech, "open", open_)

@@ -91,9 +91,7 @@ def run(args: argparse.Namespace) -> int:
             states.append(dec.save_state())
 
         def decode_all(n=n, states=states, codes=codes):
-            for i in range(n):
-                dec.load_state(states[i])
-                dec.push(codes)  # the state is not kept: each call decodes the same place again
+            dec.push_streams([codes] * n, states)  # new states returned, not kept: each round decodes the same place
 
         parts[n] = (
             lambda n=n, x=x, caches=caches: talker.native.forward_rows(x, [position] * n, caches, head=talker.head),

@@ -33,8 +33,16 @@ FORMATS = ("int4", "int8", "fp32")  # int4 first: the peak memory recorded with 
 
 
 def weight_choices() -> list[str]:
-    """What ``--weights`` takes, in the order the rows come: each format for both parts, then each mix."""
-    return [*FORMATS, *(f"{t}+{p}" for t in FORMATS for p in FORMATS if t != p)]
+    """What ``--weights`` takes (each format for both parts, and each mix), in the order the rows are
+    measured: fewest fp32 parts first, then fewest int8 ones, so that the peak memory recorded with a
+    row, the process's highest so far, is its own."""
+    from vllm_omni.tts.weight_choice import weight_parts
+
+    def heavier(w: str) -> tuple[int, int]:
+        parts = weight_parts(w)
+        return parts.count("fp32"), parts.count("int8")
+
+    return sorted((f"{t}+{p}" if t != p else t for t in FORMATS for p in FORMATS), key=heavier)
 
 
 MODES = {"streaming": True, "non-streaming": False}

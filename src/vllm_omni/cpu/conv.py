@@ -7,12 +7,18 @@ the output [C_out, T] and the history for the next call. The SnakeBeta in front 
 ResidualUnit's residual are folded into the same call, so a conv is one fork-join over the
 threads, with no im2col and no layout copies.
 
+Every call also takes several streams at once (``many``): each stream brings its own input and
+state, and the weights are read once for all of them, as the talker's are in a batched step.
+A stream's samples get the same arithmetic alone or beside others.
+
 Both operands are rounded to bf16 (as ``tensor.bfloat16()``), products summed in fp32: the same
 arithmetic as PyTorch's bf16 convolution, in another order. ``NarrowConv`` is the decoder's last
-conv (96 channels to one) in fp32, the same call shape: PyTorch runs a one-channel conv poorly.
+conv (96 channels to one) in fp32: PyTorch runs a one-channel conv poorly.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -20,6 +26,7 @@ from torch import Tensor
 from vllm_omni.cpu import native
 
 PATHS = {0: "plain C", 1: "AVX-512 BF16", 2: "AMX"}
+Snake = tuple[Tensor, Tensor]  # SnakeBeta's (exp(alpha), 1 / (exp(beta) + 1e-9)) per channel
 
 
 def path(variant: str = "native") -> str:
@@ -42,6 +49,49 @@ def fits(c_out: int, c_in: int) -> bool:
     return c_out % 32 == 0 and c_in % 32 == 0
 
 
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _snake(snake: Snake | None) -> tuple[Tensor | None, Tensor | None]:
+    return (None, None) if snake is None else (snake[0].contiguous(), snake[1].contiguous())
+
+
+def _inputs(xs: Sequence[Tensor], channels: int, what: str) -> list[Tensor]:
+    out = [x.float().contiguous() for x in xs]
+    for x in out:
+        if x.ndim != 2 or x.shape[0] != channels:
+            raise ValueError(f"{what} takes [{channels}, T] inputs, got {list(x.shape)}")
+    return out
+
+
+def _states(states: Sequence[Tensor | None], n: int, shape: tuple[int, int], what: str) -> list[Tensor | None]:
+    if len(states) != n:
+        raise ValueError(f"{n} inputs and {len(states)} states")
+    out = []
+    for s in states:
+        if s is not None and tuple(s.shape) != shape:
+            raise ValueError(f"{what} is [{shape[0]}, {shape[1]}], got {list(s.shape)}")
+        out.append(None if s is None or shape[1] == 0 else s.float().contiguous())
+    return out
+
+
+def _parts(xs: list[Tensor], states: list[Tensor | None], ys: list[Tensor], new: list[Tensor],
+           residuals: Sequence[Tensor | None] | None = None):
+    """The ctypes array of ``VoSeg``: each stream's input, state, output and next state."""
+    arr = (native.VoSeg * len(xs))()
+    for i, seg in enumerate(arr):
+        seg.x, seg.x_stride, seg.T = xs[i].data_ptr(), xs[i].shape[1], xs[i].shape[1]
+        seg.hist, seg.residual = _ptr(states[i]), _ptr(residuals[i]) if residuals else None
+        seg.y, seg.y_stride, seg.new_hist = ys[i].data_ptr(), ys[i].shape[1], new[i].data_ptr()
+    return arr
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise RuntimeError(f"{what} failed ({rc})" + (": the kernel refused AMX's tile state" if rc == -2 else ""))
+
+
 class _NativeConv:
     """A causal conv (no groups) through one native call: its shape, checks and call (see the module doc)."""
 
@@ -54,33 +104,33 @@ class _NativeConv:
         self.lib = native.load(variant)
         self.bias = None if bias is None else bias.float().contiguous()
 
-    def __call__(self, x: Tensor, hist: Tensor | None, snake: tuple[Tensor, Tensor] | None = None,
+    def __call__(self, x: Tensor, hist: Tensor | None, snake: Snake | None = None,
                  residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(y [C_out, T], the next history) from x [C_in, T] and this conv's history (None: zeros);
-        ``snake``: SnakeBeta's (exp(alpha), 1 / (exp(beta) + 1e-9)) per input channel, applied to x
-        first; ``residual`` [C_out, T]: added to y. New tensors: the arguments are not written."""
-        x = x.float().contiguous()
-        t = x.shape[1]
-        if x.shape[0] != self.c_in:
-            raise ValueError(f"this conv takes {self.c_in} input channels, got {x.shape[0]}")
-        if hist is not None and tuple(hist.shape) != (self.c_in, self.tail):
-            raise ValueError(f"this conv's history is [{self.c_in}, {self.tail}], got {list(hist.shape)}")
-        if residual is not None:
-            residual = residual.float().contiguous()
-            if tuple(residual.shape) != (self.c_out, t):
-                raise ValueError(f"the residual must be [{self.c_out}, {t}], got {list(residual.shape)}")
-        y = torch.empty(self.c_out, t)
-        new_hist = torch.empty(self.c_in, self.tail)
-        hist = None if hist is None or self.tail == 0 else hist.float().contiguous()
-        a, inv_b = (None, None) if snake is None else (s.contiguous() for s in snake)
-        threads = self.threads or torch.get_num_threads()
-        rc = self._run(hist, x, t, a, inv_b, residual, y, new_hist, threads)
-        if rc != 0:
-            raise RuntimeError(f"{type(self).__name__} failed ({rc}) on a [{self.c_out}, {self.c_in}, {self.k}] conv, "
-                               f"{t} samples" + (": the kernel refused AMX's tile state" if rc == -2 else ""))
-        return y, new_hist
+        ``snake``: SnakeBeta's parameters, applied to x first; ``residual`` [C_out, T]: added to y.
+        New tensors: the arguments are not written."""
+        ys, hists = self.many([x], [hist], snake, None if residual is None else [residual])
+        return ys[0], hists[0]
 
-    def _run(self, hist, x, t, a, inv_b, residual, y, new_hist, threads) -> int:
+    def many(self, xs: Sequence[Tensor], hists: Sequence[Tensor | None], snake: Snake | None = None,
+             residuals: Sequence[Tensor | None] | None = None) -> tuple[list[Tensor], list[Tensor]]:
+        """``__call__`` for several streams in one call, each with its own input, history and residual."""
+        xs = _inputs(xs, self.c_in, f"this [{self.c_out}, {self.c_in}, {self.k}] conv")
+        hists = _states(hists, len(xs), (self.c_in, self.tail), "this conv's history")
+        if residuals is not None:
+            residuals = [None if r is None else r.float().contiguous() for r in residuals]
+            for r, x in zip(residuals, xs):
+                if r is not None and tuple(r.shape) != (self.c_out, x.shape[1]):
+                    raise ValueError(f"the residual must be [{self.c_out}, {x.shape[1]}], got {list(r.shape)}")
+        ys = [torch.empty(self.c_out, x.shape[1]) for x in xs]
+        new = [torch.empty(self.c_in, self.tail) for _ in xs]
+        a, ib = _snake(snake)
+        parts = _parts(xs, hists, ys, new, residuals)
+        _check(self._run(a, ib, parts, len(xs), self.threads or torch.get_num_threads()),
+               f"{type(self).__name__} on a [{self.c_out}, {self.c_in}, {self.k}] conv")
+        return ys, new
+
+    def _run(self, a, ib, parts, n: int, threads: int) -> int:
         raise NotImplementedError
 
 
@@ -99,10 +149,9 @@ class Bf16Conv(_NativeConv):
         if rc != 0:
             raise RuntimeError(f"vo_conv_pack_bf16 failed ({rc}) on a {list(weight.shape)} conv")
 
-    def _run(self, hist, x, t, a, inv_b, residual, y, new_hist, threads) -> int:
+    def _run(self, a, ib, parts, n: int, threads: int) -> int:
         return self.lib.vo_conv_bf16(self.packed.data_ptr(), _ptr(self.bias), self.c_out, self.c_in, self.k,
-                                     self.dilation, _ptr(hist), x.data_ptr(), t, _ptr(a), _ptr(inv_b), _ptr(residual),
-                                     y.data_ptr(), new_hist.data_ptr(), threads)
+                                     self.dilation, _ptr(a), _ptr(ib), parts, n, threads)
 
 
 class Bf16ResidualUnit:
@@ -118,26 +167,26 @@ class Bf16ResidualUnit:
                              f"[{conv1.c_out}, {conv1.c_in}, {conv1.k}] and [{conv2.c_out}, {conv2.c_in}, {conv2.k}]")
         self.conv1, self.conv2, self.channels = conv1, conv2, c
 
-    def __call__(self, x: Tensor, hist: Tensor | None, snake1: tuple[Tensor, Tensor], snake2: tuple[Tensor, Tensor]
-                 ) -> tuple[Tensor, Tensor]:
+    def __call__(self, x: Tensor, hist: Tensor | None, snake1: Snake, snake2: Snake) -> tuple[Tensor, Tensor]:
         """(y [C, T], conv1's next history) from x [C, T] and conv1's history (None: zeros). New tensors."""
+        ys, hists = self.many([x], [hist], snake1, snake2)
+        return ys[0], hists[0]
+
+    def many(self, xs: Sequence[Tensor], hists: Sequence[Tensor | None], snake1: Snake, snake2: Snake
+             ) -> tuple[list[Tensor], list[Tensor]]:
+        """``__call__`` for several streams in one call."""
         c1, c2 = self.conv1, self.conv2
-        x = x.float().contiguous()
-        if x.shape[0] != self.channels:
-            raise ValueError(f"this ResidualUnit takes {self.channels} channels, got {x.shape[0]}")
-        if hist is not None and tuple(hist.shape) != (self.channels, c1.tail):
-            raise ValueError(f"its history is [{self.channels}, {c1.tail}], got {list(hist.shape)}")
-        hist = None if hist is None or c1.tail == 0 else hist.float().contiguous()
-        (a1, ib1), (a2, ib2) = ((a.contiguous(), b.contiguous()) for a, b in (snake1, snake2))
-        y, new_hist = torch.empty_like(x), torch.empty(self.channels, c1.tail)
+        xs = _inputs(xs, self.channels, "this ResidualUnit")
+        hists = _states(hists, len(xs), (self.channels, c1.tail), "its history")
+        ys = [torch.empty_like(x) for x in xs]
+        new = [torch.empty(self.channels, c1.tail) for _ in xs]
+        (a1, ib1), (a2, ib2) = _snake(snake1), _snake(snake2)
         rc = c1.lib.vo_res_unit_bf16(c1.packed.data_ptr(), _ptr(c1.bias), c2.packed.data_ptr(), _ptr(c2.bias),
-                                     self.channels, c1.k, c1.dilation, _ptr(hist), x.data_ptr(), x.shape[1],
-                                     a1.data_ptr(), ib1.data_ptr(), a2.data_ptr(), ib2.data_ptr(), y.data_ptr(),
-                                     new_hist.data_ptr(), c1.threads or torch.get_num_threads())
-        if rc != 0:
-            raise RuntimeError(f"vo_res_unit_bf16 failed ({rc}) on {self.channels} channels, {x.shape[1]} samples"
-                               + (": the kernel refused AMX's tile state" if rc == -2 else ""))
-        return y, new_hist
+                                     self.channels, c1.k, c1.dilation, a1.data_ptr(), ib1.data_ptr(), a2.data_ptr(),
+                                     ib2.data_ptr(), _parts(xs, hists, ys, new), len(xs),
+                                     c1.threads or torch.get_num_threads())
+        _check(rc, f"vo_res_unit_bf16 on {self.channels} channels")
+        return ys, new
 
 
 class Bf16ConvNeXt:
@@ -162,22 +211,22 @@ class Bf16ConvNeXt:
 
     def __call__(self, x: Tensor, hist: Tensor | None) -> tuple[Tensor, Tensor]:
         """(y [C, T], the depthwise conv's next history) from x [C, T] and its history (None: zeros)."""
-        x = x.float().contiguous()
-        if x.shape[0] != self.channels:
-            raise ValueError(f"this ConvNeXt block takes {self.channels} channels, got {x.shape[0]}")
-        if hist is not None and tuple(hist.shape) != (self.channels, self.k - 1):
-            raise ValueError(f"its history is [{self.channels}, {self.k - 1}], got {list(hist.shape)}")
-        hist = None if hist is None else hist.float().contiguous()
-        y, new_hist = torch.empty_like(x), torch.empty(self.channels, self.k - 1)
+        ys, hists = self.many([x], [hist])
+        return ys[0], hists[0]
+
+    def many(self, xs: Sequence[Tensor], hists: Sequence[Tensor | None]) -> tuple[list[Tensor], list[Tensor]]:
+        """``__call__`` for several streams in one call."""
+        xs = _inputs(xs, self.channels, "this ConvNeXt block")
+        hists = _states(hists, len(xs), (self.channels, self.k - 1), "its history")
+        ys = [torch.empty_like(x) for x in xs]
+        new = [torch.empty(self.channels, self.k - 1) for _ in xs]
         rc = self.lib.vo_convnext_bf16(
-            self.dw_w.data_ptr(), self.dw_b.data_ptr(), self.channels, self.k, _ptr(hist), x.data_ptr(), x.shape[1],
-            self.norm[0].data_ptr(), self.norm[1].data_ptr(), self.eps, self.fc1.packed.data_ptr(),
-            _ptr(self.fc1.bias), self.fc1.c_out, self.fc2.packed.data_ptr(), _ptr(self.fc2.bias), y.data_ptr(),
-            new_hist.data_ptr(), self.threads or torch.get_num_threads())
-        if rc != 0:
-            raise RuntimeError(f"vo_convnext_bf16 failed ({rc}) on {self.channels} channels, {x.shape[1]} samples"
-                               + (": the kernel refused AMX's tile state" if rc == -2 else ""))
-        return y, new_hist
+            self.dw_w.data_ptr(), self.dw_b.data_ptr(), self.channels, self.k, self.norm[0].data_ptr(),
+            self.norm[1].data_ptr(), self.eps, self.fc1.packed.data_ptr(), _ptr(self.fc1.bias), self.fc1.c_out,
+            self.fc2.packed.data_ptr(), _ptr(self.fc2.bias), _parts(xs, hists, ys, new), len(xs),
+            self.threads or torch.get_num_threads())
+        _check(rc, f"vo_convnext_bf16 on {self.channels} channels")
+        return ys, new
 
 
 class Bf16TransConv:
@@ -197,27 +246,25 @@ class Bf16TransConv:
         self.stride, self.over, self.threads, self.lib = stride, self.k - stride, threads, self.product.lib
         self.bias = None if bias is None else bias.float().reshape(-1).contiguous()
 
-    def __call__(self, x: Tensor, carry: Tensor | None, snake: tuple[Tensor, Tensor] | None = None
-                 ) -> tuple[Tensor, Tensor]:
+    def __call__(self, x: Tensor, carry: Tensor | None, snake: Snake | None = None) -> tuple[Tensor, Tensor]:
         """(y [C_out, T * stride], the next carry [C_out, k - stride]) from x [C_in, T] and the
         previous call's carry (None: zeros); ``snake`` as ``Bf16Conv``'s."""
-        x = x.float().contiguous()
-        if x.shape[0] != self.c_in:
-            raise ValueError(f"this transposed conv takes {self.c_in} input channels, got {x.shape[0]}")
-        if carry is not None and tuple(carry.shape) != (self.c_out, self.over):
-            raise ValueError(f"this transposed conv's carry is [{self.c_out}, {self.over}], got {list(carry.shape)}")
-        t = x.shape[1]
-        y = torch.empty(self.c_out, t * self.stride)
-        new_carry = torch.zeros(self.c_out, self.over)
-        carry = None if carry is None or self.over == 0 else carry.float().contiguous()
-        a, inv_b = (None, None) if snake is None else (s.contiguous() for s in snake)
+        ys, carries = self.many([x], [carry], snake)
+        return ys[0], carries[0]
+
+    def many(self, xs: Sequence[Tensor], carries: Sequence[Tensor | None], snake: Snake | None = None
+             ) -> tuple[list[Tensor], list[Tensor]]:
+        """``__call__`` for several streams in one call."""
+        xs = _inputs(xs, self.c_in, "this transposed conv")
+        carries = _states(carries, len(xs), (self.c_out, self.over), "its carry")
+        ys = [torch.empty(self.c_out, x.shape[1] * self.stride) for x in xs]
+        new = [torch.zeros(self.c_out, self.over) for _ in xs]
+        a, ib = _snake(snake)
         rc = self.lib.vo_tconv_bf16(self.product.packed.data_ptr(), _ptr(self.bias), self.c_out, self.c_in, self.k,
-                                    self.stride, x.data_ptr(), t, _ptr(a), _ptr(inv_b), _ptr(carry), y.data_ptr(),
-                                    new_carry.data_ptr(), self.threads or torch.get_num_threads())
-        if rc != 0:
-            raise RuntimeError(f"vo_tconv_bf16 failed ({rc}) on a [{self.c_in}, {self.c_out}, {self.k}] transposed "
-                               f"conv, {t} samples" + (": the kernel refused AMX's tile state" if rc == -2 else ""))
-        return y, new_carry
+                                    self.stride, _ptr(a), _ptr(ib), _parts(xs, carries, ys, new), len(xs),
+                                    self.threads or torch.get_num_threads())
+        _check(rc, f"vo_tconv_bf16 on a [{self.c_in}, {self.c_out}, {self.k}] transposed conv")
+        return ys, new
 
 
 NARROW_MAX = 8
@@ -225,7 +272,7 @@ NARROW_MAX = 8
 
 class NarrowConv(_NativeConv):
     """A causal conv to a few channels (at most ``NARROW_MAX``: the decoder's last, 96 -> 1) in fp32,
-    time split across threads. No residual."""
+    time split across threads; several streams are one call each. No residual."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, dilation: int = 1, threads: int | None = None,
                  variant: str = "native"):
@@ -234,13 +281,13 @@ class NarrowConv(_NativeConv):
             raise ValueError(f"the narrow conv makes at most {NARROW_MAX} channels, got {self.c_out}")
         self.w = weight.float().contiguous()
 
-    def _run(self, hist, x, t, a, inv_b, residual, y, new_hist, threads) -> int:
-        if residual is not None:
-            raise ValueError("the narrow conv adds no residual")
-        return self.lib.vo_conv_f32_narrow(self.w.data_ptr(), _ptr(self.bias), self.c_out, self.c_in, self.k,
-                                           self.dilation, _ptr(hist), x.data_ptr(), t, _ptr(a), _ptr(inv_b),
-                                           y.data_ptr(), new_hist.data_ptr(), threads)
-
-
-def _ptr(t: Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
+    def _run(self, a, ib, parts, n: int, threads: int) -> int:
+        for seg in parts:
+            if seg.residual:
+                raise ValueError("the narrow conv adds no residual")
+            rc = self.lib.vo_conv_f32_narrow(self.w.data_ptr(), _ptr(self.bias), self.c_out, self.c_in, self.k,
+                                             self.dilation, seg.hist, seg.x, seg.T, _ptr(a), _ptr(ib), seg.y,
+                                             seg.new_hist, threads)
+            if rc != 0:
+                return rc
+        return 0

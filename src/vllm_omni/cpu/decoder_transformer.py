@@ -83,33 +83,54 @@ class Bf16DecoderTransformer:
         """(y [latent, T], each layer's keys and values for the next call) from x [latent, T], the RoPE
         tables of its positions (cos, sin [T, head_dim]) and each layer's past keys and values
         ([heads, P, head_dim], the same P < window for every layer). New tensors."""
-        x = x.float().contiguous()
-        t = x.shape[1]
-        if x.shape[0] != self.latent or t < 1:
-            raise ValueError(f"the decoder transformer takes [{self.latent}, T >= 1], got {list(x.shape)}")
-        if len(past) != len(self.c_layers):
-            raise ValueError(f"{len(past)} layers of past keys for {len(self.c_layers)} layers")
-        n = past[0][0].shape[1]
-        for k, v in past:
-            for s in (k, v):
-                if tuple(s.shape) != (self.heads, n, self.head_dim):
-                    raise ValueError(f"past keys and values are [{self.heads}, {n}, {self.head_dim}] in every layer, "
-                                     f"got {list(s.shape)}")
-        past = [(k.float().contiguous(), v.float().contiguous()) for k, v in past]
-        keep = min(n + t, self.window - 1)
-        new = [(torch.empty(self.heads, keep, self.head_dim), torch.empty(self.heads, keep, self.head_dim))
-               for _ in past]
-        cos, sin = cos.float().contiguous(), sin.float().contiguous()
+        ys, news = self.many([x], [(cos, sin)], [past])
+        return ys[0], news[0]
+
+    def many(self, xs: list[Tensor], ropes: list[tuple[Tensor, Tensor]], pasts: list[list[tuple[Tensor, Tensor]]]
+             ) -> tuple[list[Tensor], list[list[tuple[Tensor, Tensor]]]]:
+        """``__call__`` for several streams in one call, each at its own positions with its own keys."""
+        if not (len(xs) == len(ropes) == len(pasts)) or not xs:
+            raise ValueError(f"{len(xs)} inputs, {len(ropes)} RoPE tables and {len(pasts)} pasts")
+        keep: list[object] = []
+        parts = (native.VoDecPart * len(xs))()
+        ys, news = [], []
 
         def pointers(ts: list[Tensor]):
-            return (ctypes.c_void_p * len(ts))(*[s.data_ptr() for s in ts])
+            arr = (ctypes.c_void_p * len(ts))(*[s.data_ptr() for s in ts])
+            keep.append(arr)
+            return ctypes.cast(arr, ctypes.c_void_p)
 
-        y = torch.empty(self.latent, t)
-        rc = self.lib.vo_dec_transformer(
-            ctypes.byref(self.model), x.data_ptr(), t, cos.data_ptr(), sin.data_ptr(), pointers([k for k, _ in past]),
-            pointers([v for _, v in past]), n, pointers([k for k, _ in new]), pointers([v for _, v in new]),
-            y.data_ptr(), self.threads or torch.get_num_threads())
+        for part, x, (cos, sin), past in zip(parts, xs, ropes, pasts):
+            x = x.float().contiguous()
+            t = x.shape[1]
+            if x.shape[0] != self.latent or t < 1:
+                raise ValueError(f"the decoder transformer takes [{self.latent}, T >= 1], got {list(x.shape)}")
+            if len(past) != len(self.c_layers):
+                raise ValueError(f"{len(past)} layers of past keys for {len(self.c_layers)} layers")
+            n = past[0][0].shape[1]
+            for k, v in past:
+                for s in (k, v):
+                    if tuple(s.shape) != (self.heads, n, self.head_dim):
+                        raise ValueError(f"past keys and values are [{self.heads}, {n}, {self.head_dim}] in every "
+                                         f"layer, got {list(s.shape)}")
+            past = [(k.float().contiguous(), v.float().contiguous()) for k, v in past]
+            n_keep = min(n + t, self.window - 1)
+            new = [(torch.empty(self.heads, n_keep, self.head_dim), torch.empty(self.heads, n_keep, self.head_dim))
+                   for _ in past]
+            cos, sin = cos.float().contiguous(), sin.float().contiguous()
+            if tuple(cos.shape) != (t, self.head_dim) or tuple(sin.shape) != (t, self.head_dim):
+                raise ValueError(f"RoPE tables are [{t}, {self.head_dim}], got {list(cos.shape)}, {list(sin.shape)}")
+            y = torch.empty(self.latent, t)
+            keep += [x, cos, sin, past]
+            part.x, part.y, part.T, part.rope_cos, part.rope_sin, part.P = (
+                x.data_ptr(), y.data_ptr(), t, cos.data_ptr(), sin.data_ptr(), n)
+            part.past_k, part.past_v = pointers([k for k, _ in past]), pointers([v for _, v in past])
+            part.new_k, part.new_v = pointers([k for k, _ in new]), pointers([v for _, v in new])
+            ys.append(y)
+            news.append(new)
+        rc = self.lib.vo_dec_transformer(ctypes.byref(self.model), parts, len(xs),
+                                         self.threads or torch.get_num_threads())
         if rc != 0:
-            raise RuntimeError(f"vo_dec_transformer failed ({rc}) on {t} samples after {n} past positions"
+            raise RuntimeError(f"vo_dec_transformer failed ({rc}) on {len(xs)} streams"
                                + (": the kernel refused AMX's tile state" if rc == -2 else ""))
-        return y, new
+        return ys, news

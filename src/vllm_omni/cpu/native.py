@@ -188,6 +188,18 @@ class VoStack(ctypes.Structure):
     ]
 
 
+class VoSeg(ctypes.Structure):  # vo_decoder.cpp: one stream's part of a decoder call
+    _fields_ = [("x", ctypes.c_void_p), ("x_stride", ctypes.c_int64), ("T", ctypes.c_int64),
+                ("hist", ctypes.c_void_p), ("residual", ctypes.c_void_p), ("y", ctypes.c_void_p),
+                ("y_stride", ctypes.c_int64), ("new_hist", ctypes.c_void_p)]
+
+
+class VoDecPart(ctypes.Structure):  # vo_decoder.cpp: one stream's part of a transformer call
+    _fields_ = [("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("T", ctypes.c_int64), ("rope_cos", ctypes.c_void_p),
+                ("rope_sin", ctypes.c_void_p), ("P", ctypes.c_int64), ("past_k", ctypes.c_void_p),
+                ("past_v", ctypes.c_void_p), ("new_k", ctypes.c_void_p), ("new_v", ctypes.c_void_p)]
+
+
 class VoDecLayer(ctypes.Structure):  # vo_decoder.cpp
     _fields_ = [("qkv", ctypes.c_void_p), ("o", ctypes.c_void_p), ("gate_up", ctypes.c_void_p),
                 ("down", ctypes.c_void_p), ("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p)]
@@ -237,11 +249,11 @@ _SIGNATURES = {
     "vo_snake": (None, [P, P, _I64, _I64, P, P, _I32]),
     "vo_conv_bf16_path": (_I32, []),
     "vo_conv_pack_bf16": (_I32, [P, _I64, _I64, _I64, P]),
-    "vo_conv_bf16": (_I32, [P, P, _I64, _I64, _I64, _I64, P, P, _I64, P, P, P, P, P, _I32]),
-    "vo_tconv_bf16": (_I32, [P, P, _I64, _I64, _I64, _I64, P, _I64, P, P, P, P, P, _I32]),
-    "vo_dec_transformer": (_I32, [ctypes.POINTER(VoDecTransformer), P, _I64, P, P, P, P, _I64, P, P, P, _I32]),
-    "vo_res_unit_bf16": (_I32, [P, P, P, P, _I64, _I64, _I64, P, P, _I64, P, P, P, P, P, P, _I32]),
-    "vo_convnext_bf16": (_I32, [P, P, _I64, _I64, P, P, _I64, P, P, _F32, P, P, _I64, P, P, P, P, _I32]),
+    "vo_conv_bf16": (_I32, [P, P, _I64, _I64, _I64, _I64, P, P, ctypes.POINTER(VoSeg), _I64, _I32]),
+    "vo_tconv_bf16": (_I32, [P, P, _I64, _I64, _I64, _I64, P, P, ctypes.POINTER(VoSeg), _I64, _I32]),
+    "vo_dec_transformer": (_I32, [ctypes.POINTER(VoDecTransformer), ctypes.POINTER(VoDecPart), _I64, _I32]),
+    "vo_res_unit_bf16": (_I32, [P, P, P, P, _I64, _I64, _I64, P, P, P, P, ctypes.POINTER(VoSeg), _I64, _I32]),
+    "vo_convnext_bf16": (_I32, [P, P, _I64, _I64, P, P, _F32, P, P, _I64, P, P, ctypes.POINTER(VoSeg), _I64, _I32]),
     "vo_conv_f32_narrow": (_I32, [P, P, _I64, _I64, _I64, _I64, P, P, _I64, P, P, P, P, _I32]),
 }
 FMT_CODES = {"fp32": 0, "int8": 1, "int4": 2}

@@ -465,14 +465,9 @@ class StreamingDecoder:
         """The samples [n * 1920] (fp32 in -1..1) of the next ``n`` frames' codes [n, 16].
 
         ``times``, when given, gets each stage's seconds added under its name (``stages``)."""
-        codes = torch.as_tensor(codes, dtype=torch.int64)
-        if codes.ndim != 2 or codes.shape[1] != self.dc.spec.quantizers:
-            raise ValueError(f"codes must be [frames, {self.dc.spec.quantizers}], got {list(codes.shape)}")
+        codes = self._check_codes(codes)
         if codes.shape[0] == 0:
             return torch.empty(0)
-        codes = codes.clamp(min=0)
-        if int(codes.max()) >= self.dc.spec.codebook_size:
-            raise ValueError(f"codes must be below {self.dc.spec.codebook_size}, got {int(codes.max())}")
         x: Tensor = codes
         for name, stage in self._stages():
             t0 = time.perf_counter() if times is not None else 0.0
@@ -520,9 +515,106 @@ class StreamingDecoder:
 
     def _latent(self, codes: Tensor) -> Tensor:
         """Codes [T, 16] -> the pre-conv's output [latent, T]."""
+        return self.pre_conv(self._embed(codes))
+
+    def _embed(self, codes: Tensor) -> Tensor:
+        """Codes [T, 16] -> the split-RVQ embedding [codebook dim, T] (no state)."""
         first = self.first_book[codes[:, 0]]
         rest = self.rest_books[torch.arange(self.rest_books.shape[0])[None, :], codes[:, 1:]].sum(1)
-        return self.pre_conv((first @ self.first_proj.T + rest @ self.rest_proj.T).T)
+        return (first @ self.first_proj.T + rest @ self.rest_proj.T).T
+
+    def _check_codes(self, codes: Tensor) -> Tensor:
+        codes = torch.as_tensor(codes, dtype=torch.int64)
+        if codes.ndim != 2 or codes.shape[1] != self.dc.spec.quantizers:
+            raise ValueError(f"codes must be [frames, {self.dc.spec.quantizers}], got {list(codes.shape)}")
+        codes = codes.clamp(min=0)
+        if codes.numel() and int(codes.max()) >= self.dc.spec.codebook_size:
+            raise ValueError(f"codes must be below {self.dc.spec.codebook_size}, got {int(codes.max())}")
+        return codes
+
+    @property
+    def streams_together(self) -> bool:
+        """Whether ``push_streams`` decodes several streams in one pass of native calls (every stage
+        native: the bf16 decoder where the CPU multiplies bf16), rather than one stream after another."""
+        return self.native_transformer is not None and all(
+            c.native is not None for c in self._convs() if getattr(c, "groups", 1) == 1) and all(
+            up["native"] is not None for up in self.upsample)
+
+    @torch.inference_mode()
+    def push_streams(self, codes: list[Tensor], states: list[DecoderState]) -> tuple[list[Tensor], list[DecoderState]]:
+        """Several streams' next frames at once: the samples of each (as ``push`` gives them) and each
+        stream's state after them. ``states[i]`` is stream i's place (``save_state``/``fresh_state``);
+        it is not changed, and this decoder's own state is left as it was. Where every stage is native
+        (``streams_together``) each stage is one call for all streams, its weights read once; each
+        stream's samples are the same bits as alone."""
+        if len(codes) != len(states):
+            raise ValueError(f"{len(codes)} streams of codes and {len(states)} states")
+        codes = [self._check_codes(c) for c in codes]
+        if not self.streams_together:
+            own, outs, news = self.save_state(), [], []
+            for c, st in zip(codes, states):
+                self.load_state(st)
+                outs.append(self.push(c))
+                news.append(self.save_state())
+            self.load_state(own)
+            return outs, news
+        return self._push_together(codes, states)
+
+    def _push_together(self, codes: list[Tensor], states: list[DecoderState]) -> tuple[list[Tensor], list[DecoderState]]:
+        index = {id(c): i for i, c in enumerate(self._stateful())}
+        for st in states:
+            if len(st.layers) != len(index):
+                raise ValueError(f"a decoder state of {len(st.layers)} layers, this decoder has {len(index)}")
+        layers = [list(st.layers) for st in states]
+        live = [i for i, c in enumerate(codes) if c.shape[0]]
+
+        def state(obj: Any, k: int = 0) -> list[Tensor]:
+            return [states[i].layers[index[id(obj)]][k] for i in live]
+
+        def keep(obj: Any, values: list[tuple[Tensor, ...]]) -> None:
+            for i, v in zip(live, values):
+                layers[i][index[id(obj)]] = v
+
+        def conv(c: _CausalConv, xs: list[Tensor], snake: _Snake | None = None, residuals=None) -> list[Tensor]:
+            ys, hists = c.native.many(xs, state(c), None if snake is None else snake.params(), residuals)
+            keep(c, [(h,) for h in hists])
+            return ys
+
+        def tconv(t: _CausalTransConv, xs: list[Tensor], snake: _Snake | None = None) -> list[Tensor]:
+            ys, carries = t.native.many(xs, state(t), None if snake is None else snake.params())
+            keep(t, [(c,) for c in carries])
+            return ys
+
+        dc = self.dc
+        xs = conv(self.pre_conv, [self._embed(codes[i]) for i in live])
+        attn = [layer["attn"] for layer in self.layers]
+        ropes = [_rope(torch.arange(states[i].position, states[i].position + codes[i].shape[0]), dc.head_dim,
+                       dc.rope_theta) for i in live]
+        pasts = [[(k, v) for k, v in zip(ks, vs)] for ks, vs in zip(zip(*(state(a, 0) for a in attn)),
+                                                                   zip(*(state(a, 1) for a in attn)))]
+        xs, kvs = self.native_transformer.many(xs, ropes, pasts)
+        for j, a in enumerate(attn):
+            keep(a, [kv[j] for kv in kvs])
+        for up in self.upsample:
+            xs = tconv(up["tconv"], xs)
+            xs, hists = up["native"].many(xs, state(up["dw"]))
+            keep(up["dw"], [(h,) for h in hists])
+        xs = conv(self.conv_in, xs)
+        for snake, t, units in self.blocks:
+            xs = tconv(t, xs, snake)
+            for u in units:
+                if u.fused is not None:
+                    xs, hists = u.fused.many(xs, state(u.conv1), u.act1.params(), u.act2.params())
+                    keep(u.conv1, [(h,) for h in hists])
+                else:
+                    xs = conv(u.conv2, conv(u.conv1, xs, u.act1), u.act2, residuals=xs)
+        outs = [torch.empty(0) for _ in codes]
+        ys = conv(self.conv_out, xs, self.snake_out)
+        for i, y in zip(live, ys):
+            outs[i] = y[0].clamp(-1.0, 1.0)
+        news = [DecoderState([tuple(v) for v in layers[i]], states[i].position + codes[i].shape[0])
+                for i in range(len(codes))]
+        return outs, news
 
     def _upsample(self, x: Tensor) -> Tensor:
         for up in self.upsample:

@@ -292,12 +292,17 @@ class Speaking:
 
     def add(self, codes) -> AudioChunk | None:
         """Take one frame's codes [16]; the next chunk when this frame fills it, else None."""
+        return self._flush() if self.take(codes) else None
+
+    def take(self, codes) -> bool:
+        """Take one frame's codes [16]; whether they fill the next chunk (to decode it now: ``add`` does,
+        ``decode_together`` does for several utterances at once)."""
         self._pending.append(codes)
         self.stats.frames += 1
         if len(self._pending) < self._want:
-            return None
+            return False
         self._want = next(self._sizes)
-        return self._flush()
+        return True
 
     def finish(self) -> AudioChunk | None:
         """The frames still waiting (none when the utterance was stopped), and the total time."""
@@ -306,18 +311,35 @@ class Speaking:
         return chunk
 
     def _flush(self) -> AudioChunk:
-        import torch
+        return decode_together([self])[0]
 
-        dec, stats, n = self.speech.decoder, self.stats, len(self._pending)
-        t0 = time.perf_counter()
-        dec.load_state(self.decoder_state)
-        wav = dec.push(torch.stack(self._pending)).numpy()
-        self.decoder_state = dec.save_state()
-        per = (time.perf_counter() - t0) * 1e3 / n
-        stats.decoder_ms += [per] * n
+    def _chunk(self, wav: np.ndarray, state, per_frame_ms: float) -> AudioChunk:
+        """The chunk of the frames that were waiting, decoded into ``wav`` leaving ``state``."""
+        stats, n = self.stats, len(self._pending)
+        self.decoder_state = state
+        stats.decoder_ms += [per_frame_ms] * n
         chunk = AudioChunk(wav, self._first, n, time.perf_counter() - self.start)
         if stats.first_audio_s is None:
             stats.first_audio_s = chunk.ready_s
         self._first += n
         self._pending.clear()
         return chunk
+
+
+def decode_together(speakings: list[Speaking]) -> list[AudioChunk]:
+    """The waiting frames of several utterances of one ``Speech``, decoded in one decoder pass
+    (``StreamingDecoder.push_streams``: each stage one call for all, its weights read once, where the
+    decoder is native), each from its own state; each one's chunk, its decoder time the pass's shared
+    by every frame in it."""
+    import torch
+
+    if not speakings:
+        return []
+    dec = speakings[0].speech.decoder
+    if any(sp.speech.decoder is not dec for sp in speakings):
+        raise ValueError("utterances decoded together must share one Speech")
+    t0 = time.perf_counter()
+    wavs, states = dec.push_streams([torch.stack(sp._pending) for sp in speakings],
+                                    [sp.decoder_state for sp in speakings])
+    per = (time.perf_counter() - t0) * 1e3 / sum(len(sp._pending) for sp in speakings)
+    return [sp._chunk(w.numpy(), st, per) for sp, w, st in zip(speakings, wavs, states)]

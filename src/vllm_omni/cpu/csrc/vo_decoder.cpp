@@ -139,11 +139,6 @@ inline void conv_tiles(const uint16_t* w0, int64_t kb_n, const uint16_t* xp, int
     conv_tile_pair(w0, kb_n, xp, row, cb_n, k, d, t0, acc);
 }
 
-// Whether a conv's parallel region is worth its fork-join: many weights or many inputs.
-inline bool conv_parallel(int64_t cout, int64_t cin, int64_t k, int64_t T) {
-    return cout * cin * k >= 65536 || cin * T >= 16384;
-}
-
 // Linux hands AMX's tile state to a process only when asked (arch_prctl ARCH_REQ_XCOMP_PERM).
 bool conv_ready() {
 #if defined(VO_AMX_BF16)
@@ -155,16 +150,17 @@ bool conv_ready() {
 }
 
 // Samples [s0, s0 + n) of rows [2 cp, 2 cp + 1] of in = [hist | snake(x)] (hist: tail samples a
-// row; x: rows of x_stride floats) into one pair of the packed input (row samples, zeros after
-// n); with new_hist, the last tail samples of those rows (where s0 + n is the end of in).
+// row, null: zeros; x: rows of x_stride floats) into one pair of the packed input at out (fill
+// samples, zeros after n); with new_hist, the last tail samples of those rows (where s0 + n is
+// the end of in).
 void pack_pair(int64_t cp, const float* hist, const float* x, int64_t x_stride, int64_t tail, int64_t s0, int64_t n,
-               int64_t row, const float* snake_a, const float* snake_inv_b, float* new_hist, uint16_t* xp,
+               int64_t fill, const float* snake_a, const float* snake_inv_b, float* new_hist, uint16_t* out,
                float* buf) {
     for (int p = 0; p < 2; ++p) {
         const int64_t c = 2 * cp + p;
         float* in = buf + p * n;
         int64_t i = 0;
-        for (; i < n && s0 + i < tail; ++i) in[i] = hist[c * tail + s0 + i];
+        for (; i < n && s0 + i < tail; ++i) in[i] = hist != nullptr ? hist[c * tail + s0 + i] : 0.0f;
         const float* xr = x + c * x_stride + (s0 + i - tail);
         float* s = in + i;
         const int64_t m = n - i;
@@ -172,40 +168,86 @@ void pack_pair(int64_t cp, const float* hist, const float* x, int64_t x_stride, 
             const float ac = snake_a[c], bc = snake_inv_b[c];
 #pragma omp simd
             for (int64_t t = 0; t < m; ++t) s[t] = xr[t] + bc * sin2_reduced(ac * xr[t]);
-        } else {
+        } else if (m > 0) {
             std::memcpy(s, xr, m * sizeof(float));
         }
         if (new_hist != nullptr)
             for (int64_t j = 0; j < tail; ++j) new_hist[c * tail + j] = in[n - tail + j];
     }
-    uint16_t* out = xp + cp * row * 2;
     interleave_bf16(buf, buf + n, n, out);
-    std::memset(out + 2 * n, 0, (row - n) * 2 * sizeof(uint16_t));
+    std::memset(out + 2 * n, 0, (fill - n) * 2 * sizeof(uint16_t));
 }
 
-// One bf16 conv's arguments (vo_conv_bf16).
-struct ConvCall {
+inline int64_t round_pairs(int64_t T) { return (T + T_PAIR - 1) / T_PAIR * T_PAIR; }
+
+}  // namespace
+
+extern "C" {
+
+// One stream's part of a native decoder call: several streams' parts go through one call, so
+// that each weight is read once for all of them (each part keeps its own state).
+struct VoSeg {
+    const float* x;         // input [C_in, T], rows x_stride floats apart (0: T)
+    int64_t x_stride;
+    int64_t T;
+    const float* hist;      // a conv's history [C_in, tail] or a transposed conv's carry (null: zeros)
+    const float* residual;  // added to y, laid out as y (null: none)
+    float* y;               // output rows y_stride floats apart (0: T, or T * stride for a transposed conv)
+    int64_t y_stride;
+    float* new_hist;        // the next history or carry (null: not kept)
+};
+
+}  // extern "C"
+
+namespace {
+
+// One bf16 conv over several streams' parts: its weights, its shape, and where each part sits in
+// the packed input (one row of all parts side by side, each its history then its samples
+// rounded up to tile pairs) and in the work items (T_ITEM samples of one part each).
+struct ConvPlan {
     const uint16_t* wp;
     const float* bias;
     int64_t cout, cin, k, d;
-    const float* hist;
-    const float* x;
-    int64_t T;
     const float* snake_a;
     const float* snake_inv_b;
-    const float* residual;
-    float* y;
-    float* new_hist;
+    std::vector<VoSeg> seg;
+    std::vector<int64_t> off;
+    int64_t row = 0, widest = 0;
+    struct Chunk {
+        int64_t s, t0, t1;
+    };
+    std::vector<Chunk> chunks;
+
+    ConvPlan(const uint16_t* wp_, const float* bias_, int64_t cout_, int64_t cin_, int64_t k_, int64_t d_,
+             const float* a, const float* ib, const VoSeg* segs, int64_t n)
+        : wp(wp_), bias(bias_), cout(cout_), cin(cin_), k(k_), d(d_), snake_a(a), snake_inv_b(ib), seg(segs, segs + n) {
+        const int64_t tail = (k - 1) * d;
+        for (auto& s : seg) {
+            if (s.x_stride == 0) s.x_stride = s.T;
+            if (s.y_stride == 0) s.y_stride = s.T;
+            off.push_back(row);
+            row += tail + round_pairs(s.T);
+            widest = std::max(widest, tail + s.T);
+            for (int64_t t0 = 0; t0 < s.T; t0 += T_ITEM)
+                chunks.push_back({int64_t(off.size()) - 1, t0, std::min(s.T, t0 + T_ITEM)});
+        }
+    }
+    int64_t tail() const { return (k - 1) * d; }
+    int64_t samples() const {
+        int64_t n = 0;
+        for (const auto& s : seg) n += s.T;
+        return n;
+    }
+    int32_t check() const {
+        if (cout % 32 != 0 || cin % 32 != 0 || k < 1 || d < 1) return -1;
+        for (const auto& s : seg)
+            if (s.T < 0 || s.x == nullptr || s.y == nullptr) return -1;
+        if (samples() > 0 && !conv_ready()) return -2;
+        return 0;
+    }
+    // Whether the call is worth a fork-join: many weights or many inputs.
+    bool parallel() const { return cout * cin * k >= 65536 || cin * samples() >= 16384; }
 };
-
-int32_t conv_check(const ConvCall& c) {
-    if (c.cout % 32 != 0 || c.cin % 32 != 0 || c.k < 1 || c.d < 1 || c.T < 0) return -1;
-    if (c.T > 0 && !conv_ready()) return -2;
-    return 0;
-}
-
-// Samples a packed input row holds: the history, then the call's samples rounded up to tile pairs.
-inline int64_t conv_row(const ConvCall& c) { return (c.k - 1) * c.d + (c.T + T_PAIR - 1) / T_PAIR * T_PAIR; }
 
 // The packed input: a per-thread buffer of the calling thread, grown as needed.
 uint16_t* conv_packed(int64_t elems) {
@@ -214,44 +256,39 @@ uint16_t* conv_packed(int64_t elems) {
     return packed.data();
 }
 
-// c with a zero history where it has none and needs one (zeros: its storage).
-ConvCall with_history(ConvCall c, std::vector<float>& zeros) {
-    const int64_t tail = (c.k - 1) * c.d;
-    if (c.hist == nullptr && tail > 0) {
-        zeros.assign(c.cin * tail, 0.0f);
-        c.hist = zeros.data();
-    }
-    return c;
-}
-
 // One thread's share of a bf16 conv, inside a parallel region of every thread: its pairs of
-// input rows packed, then (after the barrier that ends that loop) its work items of 32 output
-// channels by T_ITEM samples, each tile pair's sums finished with bias and residual.
-void conv_share(const ConvCall& c, uint16_t* xp) {
-    const int64_t T = c.T, tail = (c.k - 1) * c.d, row = conv_row(c);
-    const int64_t t_pad = row - tail, cb_n = c.cin / 32, kb_n = c.k * cb_n;
-    std::vector<float> buf(2 * (tail + T));
+// input rows packed (every part), then (after the barrier that ends that loop) its work items of
+// 32 output channels by one chunk of one part, each tile pair's sums finished with bias and
+// residual.
+void conv_share(const ConvPlan& c, uint16_t* xp) {
+    const int64_t tail = c.tail(), row = c.row, cb_n = c.cin / 32, kb_n = c.k * cb_n;
+    std::vector<float> buf(2 * c.widest);
 #pragma omp for schedule(static)
     for (int64_t cp = 0; cp < c.cin / 2; ++cp)
-        pack_pair(cp, c.hist, c.x, T, tail, 0, tail + T, row, c.snake_a, c.snake_inv_b, c.new_hist, xp, buf.data());
+        for (size_t i = 0; i < c.seg.size(); ++i) {
+            const VoSeg& s = c.seg[i];
+            pack_pair(cp, s.hist, s.x, s.x_stride, tail, 0, tail + s.T, tail + round_pairs(s.T), c.snake_a,
+                      c.snake_inv_b, s.new_hist, xp + (cp * row + c.off[i]) * 2, buf.data());
+        }
     const TileScope tiles;  // AMX: this thread's tile configuration, released at the end
     (void)tiles;
     alignas(64) float acc[32 * 32];
-    const int64_t t_items = (t_pad + T_ITEM - 1) / T_ITEM, items = c.cout / 32 * t_items;
+    const int64_t n_chunks = c.chunks.size(), items = c.cout / 32 * n_chunks;
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
-        const int64_t co0 = item / t_items * 32;
-        const int64_t t_end = std::min(t_pad, (item % t_items + 1) * T_ITEM);
-        for (int64_t t0 = item % t_items * T_ITEM; t0 < t_end; t0 += T_PAIR) {
-            const int64_t n = std::min<int64_t>(T_PAIR, T - t0);
-            conv_tiles(c.wp + co0 / 16 * kb_n * 512, kb_n, xp, row, cb_n, c.k, c.d, t0, n, acc);
+        const int64_t co0 = item / n_chunks * 32;
+        const ConvPlan::Chunk& ch = c.chunks[item % n_chunks];
+        const VoSeg& s = c.seg[ch.s];
+        for (int64_t t0 = ch.t0; t0 < ch.t1; t0 += T_PAIR) {
+            const int64_t n = std::min<int64_t>(T_PAIR, ch.t1 - t0);
+            conv_tiles(c.wp + co0 / 16 * kb_n * 512, kb_n, xp + c.off[ch.s] * 2, row, cb_n, c.k, c.d, t0, n, acc);
             for (int64_t r = 0; r < 32; ++r) {
                 const int64_t co = co0 + r;
                 const float b = c.bias != nullptr ? c.bias[co] : 0.0f;
-                float* yr = c.y + co * T + t0;
+                float* yr = s.y + co * s.y_stride + t0;
                 const float* ar = acc + r * 32;
-                if (c.residual != nullptr) {
-                    const float* rr = c.residual + co * T + t0;
+                if (s.residual != nullptr) {
+                    const float* rr = s.residual + co * s.y_stride + t0;
                     for (int64_t t = 0; t < n; ++t) yr[t] = ar[t] + b + rr[t];
                 } else {
                     for (int64_t t = 0; t < n; ++t) yr[t] = ar[t] + b;
@@ -261,12 +298,10 @@ void conv_share(const ConvCall& c, uint16_t* xp) {
     }
 }
 
-
-// Every thread's share of y = W x + bias (+ residual; y may be the residual) for a linear layer
-// as a 1x1 conv: x [cin, T], channels by samples, as the convolutions'.
-void linear_share(const uint16_t* wp, const float* bias, int64_t cout, int64_t cin, const float* x, int64_t T,
-                  const float* residual, float* y, uint16_t* xp) {
-    conv_share({wp, bias, cout, cin, 1, 1, nullptr, x, T, nullptr, nullptr, residual, y, nullptr}, xp);
+// One part: x [cin, T] (x_stride), y (y_stride), nothing else.
+inline VoSeg part(const float* x, int64_t x_stride, int64_t T, float* y, int64_t y_stride,
+                  const float* residual = nullptr) {
+    return VoSeg{x, x_stride, T, nullptr, residual, y, y_stride, nullptr};
 }
 
 // out[:, t] = w * x[:, t] / sqrt(mean(x[:, t]^2) + eps) for each sample t of x [C, T] (the
@@ -294,7 +329,6 @@ void rope_head(float* v, const float* cos, const float* sin, int64_t hd) {
 }  // namespace
 
 extern "C" {
-
 
 // y[c, t] = x[c, t] + inv_b[c] * sin(a[c] * x[c, t])^2 for a [C, T] row-major block (y may be x).
 void vo_snake(const float* x, float* y, int64_t C, int64_t T, const float* a, const float* inv_b, int32_t threads) {
@@ -331,59 +365,69 @@ int32_t vo_conv_pack_bf16(const float* w, int64_t cout, int64_t cin, int64_t k, 
     return 0;
 }
 
-// One causal conv (see the layouts above): y [cout, T] from x [cin, T] and hist [cin, (k-1)*d]
-// (null: zeros), with SnakeBeta on x first where snake_a is given, bias (null: none) and
-// residual [cout, T] (null: none) added; new_hist (null: not kept) gets the last (k-1)*d inputs
-// for the next call. Returns 0, or -1 on shapes it does not take, -2 where the CPU refused AMX.
+// One causal conv (see the layouts above) on n parts, each y [cout, T] from its x [cin, T] and
+// hist [cin, (k-1)*d] (null: zeros), with SnakeBeta on x first where snake_a is given, bias (null:
+// none) and its residual [cout, T] (null: none) added; new_hist (null: not kept) gets the last
+// (k-1)*d inputs for the next call. Returns 0, or -1 on shapes it does not take, -2 where the CPU
+// refused AMX.
 int32_t vo_conv_bf16(const uint16_t* wp, const float* bias, int64_t cout, int64_t cin, int64_t k, int64_t d,
-                     const float* hist, const float* x, int64_t T, const float* snake_a, const float* snake_inv_b,
-                     const float* residual, float* y, float* new_hist, int32_t threads) {
-    std::vector<float> zeros;
-    const ConvCall c = with_history({wp, bias, cout, cin, k, d, hist, x, T, snake_a, snake_inv_b, residual, y,
-                                     new_hist}, zeros);
-    const int32_t rc = conv_check(c);
-    if (rc != 0 || T == 0) return rc;
-    uint16_t* xp = conv_packed(cin * conv_row(c));
-#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads()) if (conv_parallel(cout, cin, k, T))
+                     const float* snake_a, const float* snake_inv_b, const VoSeg* segs, int64_t n, int32_t threads) {
+    const ConvPlan c(wp, bias, cout, cin, k, d, snake_a, snake_inv_b, segs, n);
+    const int32_t rc = c.check();
+    if (rc != 0 || c.samples() == 0) return rc;
+    uint16_t* xp = conv_packed(cin * c.row);
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads()) if (c.parallel())
     conv_share(c, xp);
     return 0;
 }
 
 // One causal transposed conv (kernel k = 2 * stride or stride, the last k - stride outputs
-// dropped): y [cout, T * stride] from x [cin, T] through SnakeBeta where snake_a is given, plus
-// bias, with carry [cout, k - stride] (null: zeros) the earlier input's overlap; new_carry gets
-// this call's. wp: the weights [cin, cout, k] as the 1x1 conv [(tap, out), in] (packed by
-// vo_conv_pack_bf16 as [k * cout, cin, 1]). The product and the overlap-add are one region.
+// dropped) on n parts: each y [cout, T * stride] from its x [cin, T] through SnakeBeta where
+// snake_a is given, plus bias, with its hist [cout, k - stride] (null: zeros) the earlier input's
+// overlap; new_hist gets this call's. wp: the weights [cin, cout, k] as the 1x1 conv
+// [(tap, out), in] (packed by vo_conv_pack_bf16 as [k * cout, cin, 1]). The product and the
+// overlap-add are one region.
 int32_t vo_tconv_bf16(const uint16_t* wp, const float* bias, int64_t cout, int64_t cin, int64_t k, int64_t stride,
-                      const float* x, int64_t T, const float* snake_a, const float* snake_inv_b, const float* carry,
-                      float* y, float* new_carry, int32_t threads) {
+                      const float* snake_a, const float* snake_inv_b, const VoSeg* segs, int64_t n, int32_t threads) {
     if (stride < 1 || (k != stride && k != 2 * stride)) return -1;
-    static thread_local std::vector<float> taps;
-    if (int64_t(taps.size()) < k * cout * T) taps.resize(k * cout * T);
-    float* z = taps.data();
-    const ConvCall c{wp, nullptr, k * cout, cin, 1, 1, nullptr, x, T, snake_a, snake_inv_b, nullptr, z, nullptr};
-    const int32_t rc = conv_check(c);
-    if (rc != 0 || T == 0) return rc;
+    std::vector<VoSeg> taps(segs, segs + n);
+    std::vector<int64_t> zoff;
+    int64_t total = 0;
+    for (auto& s : taps) {
+        zoff.push_back(total);
+        total += k * cout * s.T;
+    }
+    static thread_local std::vector<float> zbuf;
+    if (int64_t(zbuf.size()) < total) zbuf.resize(total);
+    float* z = zbuf.data();
+    for (int64_t i = 0; i < n; ++i) taps[i] = VoSeg{segs[i].x, segs[i].x_stride, segs[i].T, nullptr, nullptr,
+                                                    z + zoff[i], segs[i].T, nullptr};
+    const ConvPlan c(wp, nullptr, k * cout, cin, 1, 1, snake_a, snake_inv_b, taps.data(), n);
+    const int32_t rc = c.check();
+    if (rc != 0 || c.samples() == 0) return rc;
     const int64_t over = k - stride;
-    uint16_t* xp = conv_packed(cin * conv_row(c));
-#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads()) if (conv_parallel(k * cout, cin, 1, T))
+    uint16_t* xp = conv_packed(cin * c.row);
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads()) if (c.parallel())
     {
         conv_share(c, xp);
-#pragma omp for schedule(static)
-        for (int64_t co = 0; co < cout; ++co) {
-            const float b = bias != nullptr ? bias[co] : 0.0f;
-            float* yr = y + co * T * stride;
-            for (int64_t p = 0; p < stride; ++p) {
-                const float* now = z + (p * cout + co) * T;  // input t's tap p lands at t * stride + p
-                const float* before = z + ((p + stride) * cout + co) * T;  // input t - 1's tap stride + p
-                for (int64_t t = 0; t < T; ++t) {
-                    float v = now[t] + b;
-                    if (over) v += t > 0 ? before[t - 1] : (carry != nullptr ? carry[co * over + p] : 0.0f);
-                    yr[t * stride + p] = v;
+#pragma omp for schedule(static) collapse(2)
+        for (int64_t i = 0; i < n; ++i)
+            for (int64_t co = 0; co < cout; ++co) {
+                const VoSeg& s = segs[i];
+                const int64_t T = s.T;
+                const float b = bias != nullptr ? bias[co] : 0.0f;
+                float* yr = s.y + co * (s.y_stride ? s.y_stride : T * stride);
+                for (int64_t p = 0; p < stride; ++p) {
+                    const float* now = z + zoff[i] + (p * cout + co) * T;  // input t's tap p lands at t * stride + p
+                    const float* before = z + zoff[i] + ((p + stride) * cout + co) * T;  // input t - 1's tap stride + p
+                    for (int64_t t = 0; t < T; ++t) {
+                        float v = now[t] + b;
+                        if (over) v += t > 0 ? before[t - 1] : (s.hist != nullptr ? s.hist[co * over + p] : 0.0f);
+                        yr[t * stride + p] = v;
+                    }
+                    if (over && s.new_hist != nullptr && T > 0) s.new_hist[co * over + p] = before[T - 1];
                 }
-                if (over && new_carry != nullptr) new_carry[co * over + p] = before[T - 1];
             }
-        }
     }
     return 0;
 }
@@ -441,31 +485,36 @@ int32_t vo_conv_f32_narrow(const float* w, const float* bias, int64_t cout, int6
     return 0;
 }
 
-// One ResidualUnit, y = x + conv2(snake2(conv1(snake1(x)))), conv1 causal with k taps dilated
-// by d (history hist [C, (k-1)*d], null: zeros; new_hist gets the next one), conv2 1x1, both
-// C -> C in bf16 (w1, w2 packed by vo_conv_pack_bf16), with their biases. Time is cut into tiles
-// that each thread takes whole, every stage of a tile (packing, both products, the snakes, the
-// residual) done while it is in the core's cache: where the channels are few and the samples
-// many (the last blocks), the separate convs spent their time moving [C, T] tensors through
-// memory. Same arithmetic as the two vo_conv_bf16 calls.
+// One ResidualUnit on n parts, y = x + conv2(snake2(conv1(snake1(x)))), conv1 causal with k taps
+// dilated by d (each part's history hist [C, (k-1)*d], null: zeros; new_hist gets the next one),
+// conv2 1x1, both C -> C in bf16 (w1, w2 packed by vo_conv_pack_bf16), with their biases. Time is
+// cut into tiles that each thread takes whole, every stage of a tile (packing, both products,
+// the snakes, the residual) done while it is in the core's cache: where the channels are few and
+// the samples many (the last blocks), separate convs spent their time moving [C, T] tensors
+// through memory. Same arithmetic as the two vo_conv_bf16 calls.
 int32_t vo_res_unit_bf16(const uint16_t* w1, const float* b1, const uint16_t* w2, const float* b2, int64_t C,
-                         int64_t k, int64_t d, const float* hist, const float* x, int64_t T, const float* a1,
-                         const float* ib1, const float* a2, const float* ib2, float* y, float* new_hist,
-                         int32_t threads) {
-    if (C % 32 != 0 || k < 1 || d < 1 || T < 0) return -1;
-    if (T == 0) return 0;
+                         int64_t k, int64_t d, const float* a1, const float* ib1, const float* a2, const float* ib2,
+                         const VoSeg* segs, int64_t n, int32_t threads) {
+    if (C % 32 != 0 || k < 1 || d < 1) return -1;
+    int64_t total = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        if (segs[i].T < 0) return -1;
+        total += segs[i].T;
+    }
+    if (total == 0) return 0;
     if (!conv_ready()) return -2;
     const int nt = threads > 0 ? threads : omp_get_max_threads();
     const int64_t tail = (k - 1) * d, cb_n = C / 32, kb1 = k * cb_n;
     // tiles of 32 to 256 samples, at least two per thread where the call has that many
-    const int64_t tile = std::min<int64_t>(256, std::max<int64_t>(T_PAIR, (T / (2 * nt) + T_PAIR - 1) / T_PAIR * T_PAIR));
-    const int64_t tiles = (T + tile - 1) / tile, row1 = tail + tile;
-    std::vector<float> zeros;
-    if (hist == nullptr && tail > 0) {
-        zeros.assign(C * tail, 0.0f);
-        hist = zeros.data();
-    }
-#pragma omp parallel num_threads(nt) if (C * T >= 16384)
+    const int64_t tile = std::min<int64_t>(256, std::max<int64_t>(T_PAIR, round_pairs(total / (2 * nt))));
+    struct Tile {
+        int64_t s, t0;
+    };
+    std::vector<Tile> tiles;
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t t0 = 0; t0 < segs[i].T; t0 += tile) tiles.push_back({i, t0});
+    const int64_t row1 = tail + tile, n_tiles = tiles.size();
+#pragma omp parallel num_threads(nt) if (C * total >= 16384)
     {
         std::vector<uint16_t> xp1(C * row1), xp2(C * tile);
         std::vector<float> h(C * tile), buf(2 * (tail + tile));
@@ -473,13 +522,17 @@ int32_t vo_res_unit_bf16(const uint16_t* w1, const float* b1, const uint16_t* w2
         const TileScope tiles_in_use;
         (void)tiles_in_use;
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < tiles; ++i) {
-            const int64_t t0 = i * tile, n = std::min(tile, T - t0), n_pad = (n + T_PAIR - 1) / T_PAIR * T_PAIR;
+        for (int64_t i = 0; i < n_tiles; ++i) {
+            const VoSeg& s = segs[tiles[i].s];
+            const int64_t T = s.T, xs = s.x_stride ? s.x_stride : T, ys = s.y_stride ? s.y_stride : T;
+            const int64_t t0 = tiles[i].t0, m = std::min(tile, T - t0), m_pad = round_pairs(m);
             for (int64_t cp = 0; cp < C / 2; ++cp)
-                pack_pair(cp, hist, x, T, tail, t0, tail + n, row1, a1, ib1, nullptr, xp1.data(), buf.data());
+                pack_pair(cp, s.hist, s.x, xs, tail, t0, tail + m, row1, a1, ib1, nullptr, xp1.data() + cp * row1 * 2,
+                          buf.data());
             for (int64_t co0 = 0; co0 < C; co0 += 32)
-                for (int64_t tt = 0; tt < n_pad; tt += T_PAIR) {
-                    conv_tile_pair(w1 + co0 / 16 * kb1 * 512, kb1, xp1.data(), row1, cb_n, k, d, tt, acc);
+                for (int64_t tt = 0; tt < m_pad; tt += T_PAIR) {
+                    conv_tiles(w1 + co0 / 16 * kb1 * 512, kb1, xp1.data(), row1, cb_n, k, d, tt,
+                               std::min<int64_t>(T_PAIR, m - tt), acc);
                     for (int64_t r = 0; r < 32; ++r) {
                         const float b = b1 != nullptr ? b1[co0 + r] : 0.0f;
                         float* hr = h.data() + (co0 + r) * tile + tt;
@@ -487,82 +540,104 @@ int32_t vo_res_unit_bf16(const uint16_t* w1, const float* b1, const uint16_t* w2
                     }
                 }
             for (int64_t cp = 0; cp < C / 2; ++cp)
-                pack_pair(cp, nullptr, h.data(), tile, 0, 0, n, tile, a2, ib2, nullptr, xp2.data(), buf.data());
+                pack_pair(cp, nullptr, h.data(), tile, 0, 0, m, tile, a2, ib2, nullptr, xp2.data() + cp * tile * 2,
+                          buf.data());
             for (int64_t co0 = 0; co0 < C; co0 += 32)
-                for (int64_t tt = 0; tt < n_pad; tt += T_PAIR) {
-                    conv_tile_pair(w2 + co0 / 16 * cb_n * 512, cb_n, xp2.data(), tile, cb_n, 1, 1, tt, acc);
-                    const int64_t m = std::min<int64_t>(T_PAIR, n - tt);
+                for (int64_t tt = 0; tt < m_pad; tt += T_PAIR) {
+                    const int64_t q = std::min<int64_t>(T_PAIR, m - tt);
+                    conv_tiles(w2 + co0 / 16 * cb_n * 512, cb_n, xp2.data(), tile, cb_n, 1, 1, tt, q, acc);
                     for (int64_t r = 0; r < 32; ++r) {
                         const int64_t co = co0 + r;
                         const float b = b2 != nullptr ? b2[co] : 0.0f;
-                        const float* xr = x + co * T + t0 + tt;
-                        float* yr = y + co * T + t0 + tt;
-                        for (int64_t j = 0; j < m; ++j) yr[j] = acc[r * 32 + j] + b + xr[j];
+                        const float* xr = s.x + co * xs + t0 + tt;
+                        float* yr = s.y + co * ys + t0 + tt;
+                        for (int64_t j = 0; j < q; ++j) yr[j] = acc[r * 32 + j] + b + xr[j];
                     }
                 }
         }
-        if (new_hist != nullptr && tail > 0) {
-#pragma omp for schedule(static)
-            for (int64_t cp = 0; cp < C / 2; ++cp) {  // the last tail samples of [hist | snake1(x)]
-                const int64_t s0 = T, n = tail;  // in-coordinates T .. T + tail
-                pack_pair(cp, hist, x, T, tail, s0, n, row1, a1, ib1, new_hist, xp1.data(), buf.data());
-            }
+        if (tail > 0) {
+#pragma omp for schedule(static) collapse(2)
+            for (int64_t i = 0; i < n; ++i)
+                for (int64_t cp = 0; cp < C / 2; ++cp) {  // the last tail samples of [hist | snake1(x)]
+                    const VoSeg& s = segs[i];
+                    if (s.new_hist == nullptr) continue;
+                    pack_pair(cp, s.hist, s.x, s.x_stride ? s.x_stride : s.T, tail, s.T, tail, tail, a1, ib1,
+                              s.new_hist, xp1.data(), buf.data());
+                }
         }
     }
     return 0;
 }
 
-// One ConvNeXt block of the upsampler, y = x + fc2(gelu(fc1(layernorm(dwconv(x))))), in one
-// parallel region: the depthwise causal conv (k taps a channel, weights dw_w [C, k], history
-// hist [C, k - 1], null: zeros; new_hist gets the next) and the LayerNorm over channels in fp32,
-// fc1 (C -> I) and fc2 (I -> C, the block's gamma folded in by the caller) as bf16 1x1 convs,
-// the exact GELU between them. x, y: [C, T].
-int32_t vo_convnext_bf16(const float* dw_w, const float* dw_b, int64_t C, int64_t k, const float* hist,
-                         const float* x, int64_t T, const float* ln_w, const float* ln_b, float eps,
-                         const uint16_t* fc1, const float* fc1_b, int64_t I, const uint16_t* fc2, const float* fc2_b,
-                         float* y, float* new_hist, int32_t threads) {
-    if (C % 32 != 0 || I % 32 != 0 || k < 1 || T < 0) return -1;
-    if (T == 0) return 0;
+// One ConvNeXt block of the upsampler on n parts, y = x + fc2(gelu(fc1(layernorm(dwconv(x))))),
+// in one parallel region: the depthwise causal conv (k taps a channel, weights dw_w [C, k], each
+// part's history hist [C, k - 1], null: zeros; new_hist gets the next) and the LayerNorm over
+// channels in fp32, fc1 (C -> I) and fc2 (I -> C, the block's gamma folded in by the caller) as
+// bf16 1x1 convs over every part's samples at once, the exact GELU between them.
+int32_t vo_convnext_bf16(const float* dw_w, const float* dw_b, int64_t C, int64_t k, const float* ln_w,
+                         const float* ln_b, float eps, const uint16_t* fc1, const float* fc1_b, int64_t I,
+                         const uint16_t* fc2, const float* fc2_b, const VoSeg* segs, int64_t n, int32_t threads) {
+    if (C % 32 != 0 || I % 32 != 0 || k < 1) return -1;
+    std::vector<int64_t> off;
+    int64_t S = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        if (segs[i].T < 0) return -1;
+        off.push_back(S);
+        S += segs[i].T;
+    }
+    if (S == 0) return 0;
     if (!conv_ready()) return -2;
-    const int64_t tail = k - 1, t_pad = (T + T_PAIR - 1) / T_PAIR * T_PAIR;
-    std::vector<float> h(C * T), mid(I * T);
-    uint16_t* xp = conv_packed(std::max(C, I) * t_pad);
+    const int64_t tail = k - 1;
+    std::vector<float> h(C * S), mid(I * S);  // every part's samples side by side: [C, S], [I, S]
+    const VoSeg all_h = part(h.data(), S, S, mid.data(), S);
+    const ConvPlan p1(fc1, fc1_b, I, C, 1, 1, nullptr, nullptr, &all_h, 1);
+    std::vector<VoSeg> outs;
+    for (int64_t i = 0; i < n; ++i)
+        outs.push_back(part(mid.data() + off[i], S, segs[i].T, segs[i].y, segs[i].y_stride, segs[i].x));
+    const ConvPlan p2(fc2, fc2_b, C, I, 1, 1, nullptr, nullptr, outs.data(), n);
+    uint16_t* xp = conv_packed(std::max(C * p1.row, I * p2.row));
 #pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
     {
-#pragma omp for schedule(static)
-        for (int64_t c = 0; c < C; ++c) {  // in[c] = [hist[c] | x[c]]; output t reads in[t .. t + tail]
-            auto in = [&](int64_t i) { return i < tail ? (hist != nullptr ? hist[c * tail + i] : 0.0f) : x[c * T + i - tail]; };
-            for (int64_t t = 0; t < T; ++t) {
-                float sum = dw_b != nullptr ? dw_b[c] : 0.0f;
-                for (int64_t j = 0; j < k; ++j) sum += dw_w[c * k + j] * in(t + j);
-                h[c * T + t] = sum;
+#pragma omp for schedule(static) collapse(2)
+        for (int64_t i = 0; i < n; ++i)
+            for (int64_t c = 0; c < C; ++c) {  // in[c] = [hist[c] | x[c]]; output t reads in[t .. t + tail]
+                const VoSeg& s = segs[i];
+                const int64_t T = s.T, xs = s.x_stride ? s.x_stride : T;
+                auto in = [&](int64_t j) {
+                    return j < tail ? (s.hist != nullptr ? s.hist[c * tail + j] : 0.0f) : s.x[c * xs + j - tail];
+                };
+                for (int64_t t = 0; t < T; ++t) {
+                    float sum = dw_b != nullptr ? dw_b[c] : 0.0f;
+                    for (int64_t j = 0; j < k; ++j) sum += dw_w[c * k + j] * in(t + j);
+                    h[c * S + off[i] + t] = sum;
+                }
+                if (s.new_hist != nullptr)
+                    for (int64_t j = 0; j < tail; ++j) s.new_hist[c * tail + j] = in(T + j);
             }
-            if (new_hist != nullptr)
-                for (int64_t j = 0; j < tail; ++j) new_hist[c * tail + j] = in(T + j);
-        }
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < T; ++t) {
+        for (int64_t t = 0; t < S; ++t) {
             float mean = 0.0f, var = 0.0f;
-            for (int64_t c = 0; c < C; ++c) mean += h[c * T + t];
+            for (int64_t c = 0; c < C; ++c) mean += h[c * S + t];
             mean /= float(C);
-            for (int64_t c = 0; c < C; ++c) var += (h[c * T + t] - mean) * (h[c * T + t] - mean);
+            for (int64_t c = 0; c < C; ++c) var += (h[c * S + t] - mean) * (h[c * S + t] - mean);
             const float r = 1.0f / std::sqrt(var / float(C) + eps);
-            for (int64_t c = 0; c < C; ++c) h[c * T + t] = (h[c * T + t] - mean) * r * ln_w[c] + ln_b[c];
+            for (int64_t c = 0; c < C; ++c) h[c * S + t] = (h[c * S + t] - mean) * r * ln_w[c] + ln_b[c];
         }
-        linear_share(fc1, fc1_b, I, C, h.data(), T, nullptr, mid.data(), xp);
+        conv_share(p1, xp);
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < I * T; ++i) mid[i] = 0.5f * mid[i] * (1.0f + std::erf(mid[i] * 0.70710678118654752f));
-        linear_share(fc2, fc2_b, C, I, mid.data(), T, x, y, xp);
+        for (int64_t i = 0; i < I * S; ++i) mid[i] = 0.5f * mid[i] * (1.0f + std::erf(mid[i] * 0.70710678118654752f));
+        conv_share(p2, xp);
     }
     return 0;
 }
 
 // --- The decoder's transformer in bf16 ----------------------------------------------------
 //
-// In, 8 pre-norm layers of sliding-window attention and SwiGLU, out, on T samples in one
-// parallel region: every linear layer is the bf16 conv loop above as a 1x1 conv (activations
-// stay channels by samples, [C, T], as the convs around it), LayerScale folded into o and down
-// by the caller; norms, RoPE, attention and SwiGLU in fp32 between them.
+// In, 8 pre-norm layers of sliding-window attention and SwiGLU, out, on every part's samples in
+// one parallel region: every linear layer is the bf16 conv loop above as a 1x1 conv over all the
+// parts' samples side by side (activations stay channels by samples, [C, S], as the convs around
+// it), LayerScale folded into o and down by the caller; norms, RoPE, attention (each part over
+// its own keys) and SwiGLU in fp32 between them.
 
 struct VoDecLayer {
     const uint16_t* qkv;      // [3 * heads * head_dim, hidden], packed as a 1x1 conv
@@ -584,89 +659,134 @@ struct VoDecTransformer {
     const VoDecLayer* layers;
 };
 
-// y [latent, T] from x [latent, T]. Sample t is at absolute position pos0 + t; rope_cos and
-// rope_sin [T, head_dim] are its tables. Layer l attends over its past keys and values
-// past_k[l], past_v[l] ([heads, P, head_dim], the P < window positions before pos0) and this
-// call's; new_k[l], new_v[l] ([heads, min(P + T, window - 1), head_dim]) get the last ones for the
-// next call. Returns 0, -1 on shapes it does not take, -2 where the CPU refused AMX.
-int32_t vo_dec_transformer(const VoDecTransformer* mp, const float* x, int64_t T, const float* rope_cos,
-                           const float* rope_sin, const float* const* past_k, const float* const* past_v, int64_t P,
-                           float* const* new_k, float* const* new_v, float* y, int32_t threads) {
+// One stream's part of a transformer call: y [latent, T] from x [latent, T], its samples at
+// absolute positions pos0 .. pos0 + T - 1 with RoPE tables rope_cos, rope_sin [T, head_dim].
+// Layer l attends over the part's past keys and values past_k[l], past_v[l] ([heads, P,
+// head_dim], the P < window positions before pos0) and its own new ones; new_k[l], new_v[l]
+// ([heads, min(P + T, window - 1), head_dim]) get the last ones for the next call.
+struct VoDecPart {
+    const float* x;
+    float* y;
+    int64_t T;
+    const float* rope_cos;
+    const float* rope_sin;
+    int64_t P;
+    const float* const* past_k;
+    const float* const* past_v;
+    float* const* new_k;
+    float* const* new_v;
+};
+
+// The transformer on n parts. Returns 0, -1 on shapes it does not take, -2 where the CPU refused AMX.
+int32_t vo_dec_transformer(const VoDecTransformer* mp, const VoDecPart* parts, int64_t n, int32_t threads) {
     const VoDecTransformer& m = *mp;
     const int64_t L = m.latent, H = m.hidden, I = m.inter, hd = m.head_dim, nh = m.heads, D = nh * hd;
     const int64_t keep = m.window - 1;
-    if (T < 1 || L % 32 || H % 32 || I % 32 || D % 32 || hd % 2 || hd > 512 || P < 0 || P > keep || m.n_layers < 1)
-        return -1;
+    if (L % 32 || H % 32 || I % 32 || D % 32 || hd % 2 || hd > 512 || m.n_layers < 1 || n < 1) return -1;
+    std::vector<int64_t> off;
+    int64_t S = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        if (parts[i].T < 1 || parts[i].P < 0 || parts[i].P > keep) return -1;
+        off.push_back(S);
+        S += parts[i].T;
+    }
     if (!conv_ready()) return -2;
-    const int64_t P2 = std::min(P + T, keep), t_pad = (T + T_PAIR - 1) / T_PAIR * T_PAIR;
-    std::vector<float> h(H * T), xn(H * T), qkv(3 * D * T), att(D * T), gu(2 * I * T), mid(I * T);
-    uint16_t* xp = conv_packed(std::max({L, H, D, I}) * t_pad);
+    std::vector<float> h(H * S), xn(H * S), qkv(3 * D * S), att(D * S), gu(2 * I * S), mid(I * S);
+    std::vector<VoSeg> ins, outs;
+    for (int64_t i = 0; i < n; ++i) {
+        ins.push_back(part(parts[i].x, parts[i].T, parts[i].T, h.data() + off[i], S));
+        outs.push_back(part(xn.data() + off[i], S, parts[i].T, parts[i].y, parts[i].T));
+    }
+    const VoSeg normed = part(xn.data(), S, S, qkv.data(), S), attended = part(att.data(), S, S, h.data(), S, h.data());
+    const VoSeg for_mlp = part(xn.data(), S, S, gu.data(), S), gated = part(mid.data(), S, S, h.data(), S, h.data());
+    const ConvPlan p_in(m.in_proj, m.in_bias, H, L, 1, 1, nullptr, nullptr, ins.data(), n);
+    const ConvPlan p_out(m.out_proj, m.out_bias, L, H, 1, 1, nullptr, nullptr, outs.data(), n);
+    std::vector<ConvPlan> p_qkv, p_o, p_gu, p_down;
+    for (int l = 0; l < m.n_layers; ++l) {
+        const VoDecLayer& ly = m.layers[l];
+        p_qkv.emplace_back(ly.qkv, nullptr, 3 * D, H, 1, 1, nullptr, nullptr, &normed, 1);
+        p_o.emplace_back(ly.o, nullptr, H, D, 1, 1, nullptr, nullptr, &attended, 1);
+        p_gu.emplace_back(ly.gate_up, nullptr, 2 * I, H, 1, 1, nullptr, nullptr, &for_mlp, 1);
+        p_down.emplace_back(ly.down, nullptr, H, I, 1, 1, nullptr, nullptr, &gated, 1);
+    }
+    int64_t packed = std::max(L * p_in.row, H * p_out.row);
+    for (int l = 0; l < m.n_layers; ++l)
+        packed = std::max({packed, H * p_qkv[l].row, D * p_o[l].row, H * p_gu[l].row, I * p_down[l].row});
+    uint16_t* xp = conv_packed(packed);
     const float scale = 1.0f / std::sqrt(float(hd));
+    int64_t longest = 0, most_past = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        longest = std::max(longest, parts[i].T);
+        most_past = std::max(most_past, parts[i].P);
+    }
 #pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
     {
-        std::vector<float> q(T * hd), k(T * hd), v(T * hd), scores(P + T);
-        linear_share(m.in_proj, m.in_bias, H, L, x, T, nullptr, h.data(), xp);
+        std::vector<float> q(longest * hd), k(longest * hd), v(longest * hd), scores(most_past + longest);
+        conv_share(p_in, xp);
         for (int l = 0; l < m.n_layers; ++l) {
             const VoDecLayer& ly = m.layers[l];
-            rms_columns(h.data(), ly.input_norm, xn.data(), H, T, m.eps);
-            linear_share(ly.qkv, nullptr, 3 * D, H, xn.data(), T, nullptr, qkv.data(), xp);
-#pragma omp for schedule(static)
-            for (int64_t a = 0; a < nh; ++a) {
-                for (int64_t t = 0; t < T; ++t) {  // this head's q, k, v of each sample, q and k rotated
-                    for (int64_t d = 0; d < hd; ++d) {
-                        q[t * hd + d] = qkv[(a * hd + d) * T + t];
-                        k[t * hd + d] = qkv[(D + a * hd + d) * T + t];
-                        v[t * hd + d] = qkv[(2 * D + a * hd + d) * T + t];
+            rms_columns(h.data(), ly.input_norm, xn.data(), H, S, m.eps);
+            conv_share(p_qkv[l], xp);
+#pragma omp for schedule(static) collapse(2)
+            for (int64_t i = 0; i < n; ++i)
+                for (int64_t a = 0; a < nh; ++a) {
+                    const VoDecPart& pt = parts[i];
+                    const int64_t T = pt.T, P = pt.P, P2 = std::min(P + T, keep), o = off[i];
+                    for (int64_t t = 0; t < T; ++t) {  // this head's q, k, v of each sample, q and k rotated
+                        for (int64_t dd = 0; dd < hd; ++dd) {
+                            q[t * hd + dd] = qkv[(a * hd + dd) * S + o + t];
+                            k[t * hd + dd] = qkv[(D + a * hd + dd) * S + o + t];
+                            v[t * hd + dd] = qkv[(2 * D + a * hd + dd) * S + o + t];
+                        }
+                        rope_head(q.data() + t * hd, pt.rope_cos + t * hd, pt.rope_sin + t * hd, hd);
+                        rope_head(k.data() + t * hd, pt.rope_cos + t * hd, pt.rope_sin + t * hd, hd);
                     }
-                    rope_head(q.data() + t * hd, rope_cos + t * hd, rope_sin + t * hd, hd);
-                    rope_head(k.data() + t * hd, rope_cos + t * hd, rope_sin + t * hd, hd);
+                    const float* pk = pt.past_k[l] + a * P * hd;
+                    const float* pv = pt.past_v[l] + a * P * hd;
+                    for (int64_t t = 0; t < T; ++t) {
+                        // keys at pos0 + t - keep .. pos0 + t: past entries from P + t - keep, this call's from t - keep
+                        const int64_t p0 = std::max<int64_t>(0, P + t - keep), c0 = std::max<int64_t>(0, t - keep);
+                        const float* qt = q.data() + t * hd;
+                        float top = -INFINITY;
+                        int64_t cnt = 0;
+                        auto score = [&](const float* kr) {
+                            float sdot = 0.0f;
+                            for (int64_t dd = 0; dd < hd; ++dd) sdot += qt[dd] * kr[dd];
+                            scores[cnt] = sdot * scale;
+                            top = std::max(top, scores[cnt++]);
+                        };
+                        for (int64_t j = p0; j < P; ++j) score(pk + j * hd);
+                        for (int64_t j = c0; j <= t; ++j) score(k.data() + j * hd);
+                        float sum = 0.0f;
+                        for (int64_t j = 0; j < cnt; ++j) sum += scores[j] = std::exp(scores[j] - top);
+                        float out[512] = {};
+                        cnt = 0;
+                        for (int64_t j = p0; j < P; ++j, ++cnt)
+                            for (int64_t dd = 0; dd < hd; ++dd) out[dd] += scores[cnt] * pv[j * hd + dd];
+                        for (int64_t j = c0; j <= t; ++j, ++cnt)
+                            for (int64_t dd = 0; dd < hd; ++dd) out[dd] += scores[cnt] * v[j * hd + dd];
+                        for (int64_t dd = 0; dd < hd; ++dd) att[(a * hd + dd) * S + o + t] = out[dd] / sum;
+                    }
+                    for (int64_t j = 0; j < P2; ++j) {  // the last P2 keys and values, for the next call
+                        const int64_t src = P + T - P2 + j;
+                        const float* ks = src < P ? pk + src * hd : k.data() + (src - P) * hd;
+                        const float* vs = src < P ? pv + src * hd : v.data() + (src - P) * hd;
+                        std::memcpy(pt.new_k[l] + (a * P2 + j) * hd, ks, hd * sizeof(float));
+                        std::memcpy(pt.new_v[l] + (a * P2 + j) * hd, vs, hd * sizeof(float));
+                    }
                 }
-                const float* pk = past_k[l] + a * P * hd;
-                const float* pv = past_v[l] + a * P * hd;
-                for (int64_t t = 0; t < T; ++t) {
-                    // keys at pos0 + t - keep .. pos0 + t: past entries from P + t - keep, this call's from t - keep
-                    const int64_t p0 = std::max<int64_t>(0, P + t - keep), c0 = std::max<int64_t>(0, t - keep);
-                    const float* qt = q.data() + t * hd;
-                    float top = -INFINITY;
-                    int64_t n = 0;
-                    auto score = [&](const float* kr) {
-                        float sdot = 0.0f;
-                        for (int64_t d = 0; d < hd; ++d) sdot += qt[d] * kr[d];
-                        scores[n] = sdot * scale;
-                        top = std::max(top, scores[n++]);
-                    };
-                    for (int64_t i = p0; i < P; ++i) score(pk + i * hd);
-                    for (int64_t j = c0; j <= t; ++j) score(k.data() + j * hd);
-                    float sum = 0.0f;
-                    for (int64_t i = 0; i < n; ++i) sum += scores[i] = std::exp(scores[i] - top);
-                    float out[512] = {};
-                    n = 0;
-                    for (int64_t i = p0; i < P; ++i, ++n)
-                        for (int64_t d = 0; d < hd; ++d) out[d] += scores[n] * pv[i * hd + d];
-                    for (int64_t j = c0; j <= t; ++j, ++n)
-                        for (int64_t d = 0; d < hd; ++d) out[d] += scores[n] * v[j * hd + d];
-                    for (int64_t d = 0; d < hd; ++d) att[(a * hd + d) * T + t] = out[d] / sum;
-                }
-                for (int64_t i = 0; i < P2; ++i) {  // the last P2 keys and values, for the next call
-                    const int64_t src = P + T - P2 + i;
-                    const float* ks = src < P ? pk + src * hd : k.data() + (src - P) * hd;
-                    const float* vs = src < P ? pv + src * hd : v.data() + (src - P) * hd;
-                    std::memcpy(new_k[l] + (a * P2 + i) * hd, ks, hd * sizeof(float));
-                    std::memcpy(new_v[l] + (a * P2 + i) * hd, vs, hd * sizeof(float));
-                }
-            }
-            linear_share(ly.o, nullptr, H, D, att.data(), T, h.data(), h.data(), xp);
-            rms_columns(h.data(), ly.post_norm, xn.data(), H, T, m.eps);
-            linear_share(ly.gate_up, nullptr, 2 * I, H, xn.data(), T, nullptr, gu.data(), xp);
+            conv_share(p_o[l], xp);
+            rms_columns(h.data(), ly.post_norm, xn.data(), H, S, m.eps);
+            conv_share(p_gu[l], xp);
 #pragma omp for schedule(static)
-            for (int64_t i = 0; i < I * T; ++i) {
-                const float g = gu[i];
-                mid[i] = g / (1.0f + std::exp(-g)) * gu[I * T + i];
+            for (int64_t j = 0; j < I * S; ++j) {
+                const float g = gu[j];
+                mid[j] = g / (1.0f + std::exp(-g)) * gu[I * S + j];
             }
-            linear_share(ly.down, nullptr, H, I, mid.data(), T, h.data(), h.data(), xp);
+            conv_share(p_down[l], xp);
         }
-        rms_columns(h.data(), m.final_norm, xn.data(), H, T, m.eps);
-        linear_share(m.out_proj, m.out_bias, L, H, xn.data(), T, nullptr, y, xp);
+        rms_columns(h.data(), m.final_norm, xn.data(), H, S, m.eps);
+        conv_share(p_out, xp);
     }
     return 0;
 }

@@ -3,7 +3,8 @@
 Why together: a stream's step on a CPU is bound by reading the weights, and streams that step in
 one call read each weight tile once for all of them (``vllm_omni.tts.batch``). Up to
 ``max_streams`` requests speak at once, each frame of all of them in one talker call and one
-predictor call, each decoded with its own decoder state; up to ``max_queue`` more wait. What a
+predictor call, and the streams whose chunks fill at a step decoded together (``decode_together``:
+one pass of the decoder, each stream from its own state); up to ``max_queue`` more wait. What a
 request can count on:
 
 - ``submit`` refuses at once (``Busy``, with a retry hint) when the streams and the queue are
@@ -210,6 +211,8 @@ class SpeechEngine:
             return new
 
     def _work(self, load: Callable[[], Any] | None) -> None:
+        from vllm_omni.tts.pipeline import decode_together
+
         if not self._set_up(load):
             return
         while True:
@@ -233,17 +236,23 @@ class SpeechEngine:
                     self._fail(job, exc)
                 continue
             owner = {id(job.utterance): job for job in live}
-            # streams with the fewest frames first: a new stream's first audio is not kept waiting
-            # behind another's chunk of four frames, which has audio playing already
-            made.sort(key=lambda m: owner[id(m[0])].speaking.stats.frames)
+            due = []  # the streams whose chunk this frame filled: decoded together, each from its own state
             for utterance, codes in made:
                 job = owner[id(utterance)]
                 try:
-                    chunk = job.speaking.add(codes)
-                    if chunk is not None:
-                        self._emit(job, "audio", chunk)
+                    if job.speaking.take(codes):
+                        due.append(job)
                 except Exception as exc:  # noqa: BLE001 - one request's failure ends that request only
                     self._fail(job, exc)
+            if due:
+                try:
+                    chunks = decode_together([job.speaking for job in due])
+                except Exception as exc:  # noqa: BLE001 - a shared decode failed: every stream in it ends
+                    for job in due:
+                        self._fail(job, exc)
+                else:
+                    for job, chunk in zip(due, chunks):
+                        self._emit(job, "audio", chunk)
             for job in live:
                 if job in self._running and job.utterance.done:
                     self._end(job)
