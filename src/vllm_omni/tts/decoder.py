@@ -15,12 +15,14 @@ each layer keeps between calls (shared reference ``code2wav.md`` §4):
 - the transformer keeps, per layer, the keys and values of the last ``window - 1`` positions and
   the absolute position of the next frame (RoPE and the window are absolute).
 
-Precision: fp32 by default (equal to the official decode). ``precision="bf16"`` runs the long
-convolutions (conv_in and the four blocks, about 96 % of the multiply-adds, shared reference
-``code2wav.md`` §3) in bf16 wherever a call has more than ``NATIVE_ROWS`` samples (fewer take the
-fp32 GEMV), with fp32 state between layers: where the CPU multiplies bf16 natively
-they run about twice as fast, at about 37 dB signal over difference from the fp32 decode on
-random weights of the published shapes (``vllm-omni-bench speak`` records both).
+Precision: fp32 by default (equal to the official decode within fp32 rounding: PyTorch's
+convolutions), or ``precision="bf16"``. Where the CPU multiplies bf16 in hardware (AMX or AVX-512
+BF16, ``vllm_omni.cpu.conv``) every bf16 stage is a few native calls: each conv one call with its
+SnakeBeta, history, bias and residual folded in, the last blocks' ResidualUnits in time tiles,
+each ConvNeXt block one call, the transformer one call; elsewhere bf16 runs the long convs in
+PyTorch's bf16. bf16 is about 37 dB signal over difference from the fp32 decode on random weights
+of the published shapes (``vllm-omni-bench speak`` records it). ``push_streams`` decodes several
+streams in one pass of those calls, each with its own state.
 
 ``push`` takes any number of frames, so a caller chooses its chunking (one frame for the first
 audio, more per call later); the output does not depend on it beyond rounding. The official
