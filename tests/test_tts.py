@@ -515,3 +515,26 @@ def test_a_prefill_call_of_many_positions_equals_one_position_at_a_time(speech):
     assert float((logits - logits_many).abs().max()) < 1e-4
     with pytest.raises(RuntimeError, match="vo_stack_forward failed"):
         talker.native.forward(x, 0)
+
+
+def test_a_server_aligns_the_streams_chunks_so_they_decode_together(speech):
+    """``Speaking.take(boundary=...)``: past its first chunks (one frame, one, two, two) an utterance ends
+    its chunk at the server's shared boundary (every four steps), so that two streams started at
+    different steps fill their chunks at the same steps from then on, and every frame is decoded once."""
+    from vllm_omni.tts.pipeline import decode_together
+
+    row = torch.zeros(16, dtype=torch.int64)
+    a, b = (speech.open(t, speaker="ryan", max_frames=40) for t in ("One.", "Two."))
+    due = {"a": [], "b": []}
+    decoded = {"a": 0, "b": 0}
+    for step in range(1, 25):
+        ready = []
+        for name, sp, first in (("a", a, 1), ("b", b, 3)):
+            if step >= first and sp.take(row, boundary=step % sp.steady == 0):
+                due[name].append(step)
+                ready.append((name, sp))
+        for (name, _), chunk in zip(ready, decode_together([sp for _, sp in ready])):
+            decoded[name] += chunk.frames
+    assert due["a"][:4] == [1, 2, 4, 6] and due["b"][:4] == [3, 4, 6, 8]  # the first chunks as before
+    assert [s for s in due["a"] if s >= 8] == [s for s in due["b"] if s >= 8] == [8, 12, 16, 20, 24]  # then shared
+    assert decoded == {"a": 24, "b": 22}

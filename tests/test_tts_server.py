@@ -56,8 +56,8 @@ def gated(speech, monkeypatch, fail_on: str | None = None):
         speaking = real(text, **kw)
         take, chunks = speaking.take, [0]
 
-        def gated_take(codes):
-            if not take(codes):
+        def gated_take(codes, boundary=False):
+            if not take(codes, boundary):
                 return False
             i, chunks[0] = chunks[0], chunks[0] + 1
             if text == fail_on and i == 1:

@@ -284,8 +284,10 @@ class Speaking:
         self.decoder_state = decoder_state if decoder_state is not None else speech.decoder.fresh_state()
         self._pending: list = []
         self._first = 0
+        self.steady = chunk_frames  # frames a chunk once the first ones (RAMP) are out
         self._sizes = chunk_schedule(chunk_frames)
         self._want = next(self._sizes)
+        self._chunks = 0  # chunks made so far
 
     def should_stop(self) -> bool:
         return self.stop is not None and bool(self.stop())
@@ -294,14 +296,20 @@ class Speaking:
         """Take one frame's codes [16]; the next chunk when this frame fills it, else None."""
         return self._flush() if self.take(codes) else None
 
-    def take(self, codes) -> bool:
+    def take(self, codes, boundary: bool = False) -> bool:
         """Take one frame's codes [16]; whether they fill the next chunk (to decode it now: ``add`` does,
-        ``decode_together`` does for several utterances at once)."""
+        ``decode_together`` does for several utterances at once).
+
+        ``boundary``: the caller's step is a chunk boundary it shares with other utterances (a server
+        steps every ``steady`` frames). Past its first chunks (``RAMP``), an utterance then ends its
+        chunk there, short if need be, so that streams which started at different times fill their
+        chunks at the same steps and are decoded in one pass; one short chunk aligns it for good."""
         self._pending.append(codes)
         self.stats.frames += 1
-        if len(self._pending) < self._want:
+        if len(self._pending) < self._want and not (boundary and self._chunks >= len(RAMP)):
             return False
         self._want = next(self._sizes)
+        self._chunks += 1
         return True
 
     def finish(self) -> AudioChunk | None:

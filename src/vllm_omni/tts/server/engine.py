@@ -102,6 +102,7 @@ class SpeechEngine:
         self._queue: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._running: list[Job] = []
+        self._steps = 0  # steps run: every `steady` of them a chunk boundary all streams share
         self._calls: collections.deque[tuple[Callable[[Any], Any], Future]] = collections.deque()
         self._closed = False
         self._recent_s: collections.deque[float] = collections.deque(maxlen=8)  # wall time of finished requests
@@ -236,11 +237,13 @@ class SpeechEngine:
                     self._fail(job, exc)
                 continue
             owner = {id(job.utterance): job for job in live}
+            self._steps += 1
             due = []  # the streams whose chunk this frame filled: decoded together, each from its own state
             for utterance, codes in made:
                 job = owner[id(utterance)]
                 try:
-                    if job.speaking.take(codes):
+                    # every `steady` steps a shared boundary: the streams' chunks end at the same steps
+                    if job.speaking.take(codes, boundary=self._steps % job.speaking.steady == 0):
                         due.append(job)
                 except Exception as exc:  # noqa: BLE001 - one request's failure ends that request only
                     self._fail(job, exc)
