@@ -4,7 +4,7 @@ build (the int4 and int8 loops keep its order of arithmetic; the NEON fp32 dots 
 so they are held to the fp32 tolerance), within the x86 tests' tolerances against this host's own
 build and the eager reference. Several emulated cores: Cortex-A53 (Armv8.0, the
 plain C loops), Cortex-A76 and Neoverse-N1 (Armv8.2-A with the dot product: arch/arm's NEON
-loops) and qemu's ``max`` (every extension it knows)."""
+loops) and qemu's ``max`` (every extension it knows: the decoder's bf16 conv runs BFDOT there)."""
 
 from __future__ import annotations
 
@@ -85,6 +85,37 @@ def test_swiglu_sampling_uniforms_and_snake_equal_the_generic_build(arm):
     got = arm(cross.snake_case(x, a, b)).reshape(96, 400)
     assert np.array_equal(got, y)
     assert np.abs(got - (x + b[:, None] * np.sin(a[:, None] * x) ** 2)).max() < 1e-5
+
+
+def test_the_decoders_bf16_conv_equals_the_x86_builds(arm):
+    """The decoder's bf16 conv (SnakeBeta, history, bias) under emulation: the plain C loop of the
+    Armv8.0 and Armv8.2-A builds gives the x86 plain C build's bits; the Armv8.6-A build's BFDOT loop
+    sums the same products in another order (and BFDOT's own rounding), so it is held to the host's
+    AMX or AVX-512 result within 1e-5 of the largest output, as the x86 loops are to each other."""
+    from vllm_omni.cpu import conv
+
+    rng = np.random.default_rng(11)
+    cout, cin, k, d, t = 64, 96, 7, 3, 40
+    w = (rng.standard_normal((cout, cin, k)) / np.sqrt(cin * k)).astype(np.float32)
+    bias, hist = rng.standard_normal(cout).astype(np.float32), rng.standard_normal((cin, (k - 1) * d)).astype(np.float32)
+    x = rng.standard_normal((cin, t)).astype(np.float32)
+    a, ib = rng.uniform(0.5, 1.5, cin).astype(np.float32), rng.uniform(0, 1, cin).astype(np.float32)
+    out = arm(cross.conv_case(w, bias, hist, x, a, ib, d))
+    y, new_hist = out[:cout * t].reshape(cout, t), out[cout * t:].reshape(cin, -1)
+
+    def host(variant):
+        c = conv.Bf16Conv(torch.from_numpy(w), torch.from_numpy(bias), d, variant=variant)
+        got, h = c(torch.from_numpy(x), torch.from_numpy(hist), (torch.from_numpy(a), torch.from_numpy(ib)))
+        return got.numpy(), h.numpy()
+
+    plain, plain_hist = host("generic")
+    assert np.array_equal(new_hist, plain_hist)
+    if arm.target == "armv8.6-a+i8mm+bf16":
+        assert np.abs(y - plain).max() <= 1e-5 * np.abs(plain).max() and not np.array_equal(y, plain)
+    else:
+        assert np.array_equal(y, plain)
+    if conv.available():
+        assert np.abs(y - host("native")[0]).max() <= 1e-5 * np.abs(plain).max()
 
 
 def test_a_cut_case_file_is_an_error_naming_the_binary_and_the_core(arm):

@@ -1,7 +1,8 @@
 """The decoder's convolutions in one native call each (``csrc/vo_decoder.cpp``).
 
 ``Bf16Conv(weight, bias, dilation)`` packs a conv's weights [C_out, C_in, k] once into the tile
-layout of the native loops (AMX tiles where the CPU has them, else AVX-512 BF16); each call
+layout of the native loops (AMX tiles where the CPU has them, else AVX-512 BF16, or on ARM the
+BF16 extension's BFDOT); each call
 takes the conv's new input [C_in, T] and its causal history [C_in, (k - 1) * dilation] and gives
 the output [C_out, T] and the history for the next call. The SnakeBeta in front of a conv and a
 ResidualUnit's residual are folded into the same call, so a conv is one fork-join over the
@@ -25,7 +26,7 @@ from torch import Tensor
 
 from vllm_omni.cpu import native
 
-PATHS = {0: "plain C", 1: "AVX-512 BF16", 2: "AMX"}
+PATHS = {0: "plain C", 1: "AVX-512 BF16", 2: "AMX", 3: "NEON BF16"}
 Snake = tuple[Tensor, Tensor]  # SnakeBeta's (exp(alpha), 1 / (exp(beta) + 1e-9)) per channel
 
 
@@ -35,7 +36,7 @@ def path(variant: str = "native") -> str:
 
 
 def available(variant: str = "native") -> bool:
-    """Whether the ``variant`` build multiplies bf16 in hardware (AMX or AVX-512 BF16): elsewhere its
+    """Whether the ``variant`` build multiplies bf16 in hardware (AMX, AVX-512 BF16 or ARM's BFDOT): elsewhere its
     loop is the plain-C reference, far slower than PyTorch's, so the decoder keeps PyTorch's convs."""
     try:
         return native.load(variant).vo_conv_bf16_path() > 0

@@ -12,8 +12,8 @@
 // dilated k=7 and 1x1 convs, about 96 % of the decoder's multiply-adds) run in bf16 with fp32
 // sums through one call each (vo_conv_bf16): the SnakeBeta before a conv, its causal history, the
 // bias and a ResidualUnit's residual are folded into that call, so a conv is one fork-join and
-// no im2col. The tile loops are per instruction set in arch/x86/conv_bf16.h (AMX, AVX-512 BF16);
-// the plain-C loop here is their reference.
+// no im2col. The tile loops are per instruction set in arch/x86/conv_bf16.h (AMX, AVX-512 BF16)
+// and arch/arm/conv_bf16.h (BFDOT); the plain-C loop here is their reference.
 //
 // Built into the same library as vo_kernels.cpp (vllm_omni.cpu.native); the Python side owns
 // every buffer it passes (the conv's packed input is a per-thread scratch of this file).
@@ -33,6 +33,9 @@
 #endif
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #define VO_AVX512_BF16 1
+#endif
+#if defined(__aarch64__) && defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+#define VO_NEON_BF16 1
 #endif
 
 namespace {
@@ -91,6 +94,15 @@ inline float from_bf16(uint16_t h) {
 }
 
 #if !defined(VO_AMX_BF16) && !defined(VO_AVX512_BF16)
+inline void interleave_bf16(const float* a, const float* b, int64_t n, uint16_t* out) {
+    for (int64_t i = 0; i < n; ++i) {
+        out[2 * i] = to_bf16(a[i]);
+        out[2 * i + 1] = to_bf16(b[i]);
+    }
+}
+#endif
+
+#if !defined(VO_AMX_BF16) && !defined(VO_AVX512_BF16) && !defined(VO_NEON_BF16)
 // The plain-C tile pair: acc[32][32] (channels by samples) from the packed weights (w0: the first
 // 16 channels' tiles; the next 16 follow kb_n tiles later) and the packed input at sample t0.
 inline void conv_tile_pair(const uint16_t* w0, int64_t kb_n, const uint16_t* xp, int64_t row, int64_t cb_n,
@@ -111,19 +123,14 @@ inline void conv_tile_pair(const uint16_t* w0, int64_t kb_n, const uint16_t* xp,
 }
 
 struct TileScope {};
-
-inline void interleave_bf16(const float* a, const float* b, int64_t n, uint16_t* out) {
-    for (int64_t i = 0; i < n; ++i) {
-        out[2 * i] = to_bf16(a[i]);
-        out[2 * i + 1] = to_bf16(b[i]);
-    }
-}
 #endif
 
 }  // namespace
 
 #if defined(VO_AMX_BF16) || defined(VO_AVX512_BF16)
 #include "arch/x86/conv_bf16.h"
+#elif defined(VO_NEON_BF16)
+#include "arch/arm/conv_bf16.h"
 #endif
 
 namespace {
@@ -342,12 +349,15 @@ void vo_snake(const float* x, float* y, int64_t C, int64_t T, const float* a, co
     }
 }
 
-// Which loop the bf16 convolutions run: 2 AMX, 1 AVX-512 BF16, 0 plain C (a reference, slow).
+// Which loop the bf16 convolutions run: 2 AMX, 1 AVX-512 BF16, 3 NEON BF16 (BFDOT), 0 plain C (a
+// reference, slow).
 int32_t vo_conv_bf16_path() {
 #if defined(VO_AMX_BF16)
     return 2;
 #elif defined(VO_AVX512_BF16)
     return 1;
+#elif defined(VO_NEON_BF16)
+    return 3;
 #else
     return 0;
 #endif

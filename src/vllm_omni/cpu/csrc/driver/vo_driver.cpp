@@ -9,6 +9,9 @@
 //   1 swiglu    i32 n, float g[n], float u[n] -> vo_swiglu's out[n]
 //   2 uniforms  u64 key, u64 index0, i64 n -> vo_counter_uniforms' out[n]
 //   3 snake     i64 C, i64 T, float x[C*T], float a[C], float inv_b[C] -> vo_snake's y[C*T]
+//   4 conv      i64 cout, i64 cin, i64 k, i64 d, i64 T, float w[cout*cin*k], float bias[cout],
+//               float hist[cin*(k-1)*d], float x[cin*T], float a[cin], float inv_b[cin]
+//               -> vo_conv_bf16's y[cout*T] (SnakeBeta first), then its new history[cin*(k-1)*d]
 // Every case runs with 2 threads. Exit status: 0, 2 for a bad case file, 3 when the kernel refused it.
 
 #include <cstdint>
@@ -26,6 +29,19 @@ int32_t vo_linear(int32_t fmt, const VoMat* m, const float* x, int32_t M, float*
 void vo_swiglu(const float* g, const float* u, float* out, int32_t n);
 void vo_counter_uniforms(uint64_t key, uint64_t index0, int64_t n, float* out);
 void vo_snake(const float* x, float* y, int64_t C, int64_t T, const float* a, const float* inv_b, int32_t threads);
+struct VoSeg {
+    const float* x;
+    int64_t x_stride;
+    int64_t T;
+    const float* hist;
+    const float* residual;
+    float* y;
+    int64_t y_stride;
+    float* new_hist;
+};
+int32_t vo_conv_pack_bf16(const float* w, int64_t cout, int64_t cin, int64_t k, uint16_t* out);
+int32_t vo_conv_bf16(const uint16_t* wp, const float* bias, int64_t cout, int64_t cin, int64_t k, int64_t d,
+                     const float* snake_a, const float* snake_inv_b, const VoSeg* segs, int64_t n, int32_t threads);
 int32_t vo_isa();
 }
 
@@ -100,12 +116,24 @@ int main(int argc, char** argv) {
             out.resize(size_t(C * T));
             vo_snake(x.data(), out.data(), C, T, a.data(), b.data(), THREADS);
         }
+    } else if (kind == 4) {
+        const int64_t cout = r.get<int64_t>(), cin = r.get<int64_t>(), k = r.get<int64_t>(), d = r.get<int64_t>();
+        const int64_t T = r.get<int64_t>(), tail = (k - 1) * d;
+        const auto w = r.many<float>(cout * cin * k), bias = r.many<float>(cout), hist = r.many<float>(cin * tail);
+        const auto x = r.many<float>(cin * T), a = r.many<float>(cin), b = r.many<float>(cin);
+        if (r.ok) {
+            std::vector<uint16_t> packed(size_t(cout * cin * k));
+            out.resize(size_t(cout * T + cin * tail));
+            const VoSeg seg{x.data(), T, T, hist.data(), nullptr, out.data(), T, out.data() + cout * T};
+            rc = vo_conv_pack_bf16(w.data(), cout, cin, k, packed.data());
+            if (rc == 0) rc = vo_conv_bf16(packed.data(), bias.data(), cout, cin, k, d, a.data(), b.data(), &seg, 1, THREADS);
+        }
     } else {
         r.ok = false;
     }
     std::fclose(in);
     if (!r.ok) {
-        std::fprintf(stderr, "vo_driver: %s is not a case file of kind 0-3 (kind %d), or it is cut short\n", argv[1],
+        std::fprintf(stderr, "vo_driver: %s is not a case file of kind 0-4 (kind %d), or it is cut short\n", argv[1],
                      kind);
         return 2;
     }
