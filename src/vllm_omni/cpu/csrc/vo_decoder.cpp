@@ -71,8 +71,9 @@ inline float sin2_reduced(float u) {
 // - weights, packed once: [C_out / 16][k * C_in / 32][16][32] bf16, 16 output channels by 32
 //   inputs a tile, the input index running over (tap, channel), taps outer;
 // - input, packed each call: [C_in / 2][row][2] bf16, each pair of channels interleaved sample
-//   by sample (row = tail + T rounded up to 32, zeros after the last sample), so the 16 pairs of
-//   a 32-channel block at samples t .. t + 15 are one tile of 16 rows, and a tap is an offset.
+//   by sample (a row holds each stream's part side by side: its history, then its samples
+//   rounded up to 32, zeros after the last), so the 16 pairs of a 32-channel block at samples
+//   t .. t + 15 are one tile of 16 rows, and a tap is an offset.
 // C_in and C_out must be multiples of 32.
 
 constexpr int64_t T_PAIR = 32;   // samples of a tile pair
