@@ -346,3 +346,19 @@ def test_utterances_decoded_together_get_the_audio_they_get_alone(wide_decoder):
     for a, t in zip(alone, together):
         for x, y in zip(a, t):
             assert np.array_equal(x, y)
+
+
+def test_an_installed_package_carries_every_kernel_source():
+    """The kernels are compiled on the user's machine from the installed package's ``csrc``: every
+    source and header there (the ISA files under ``arch/``, the ARM driver) is package data, so a
+    wheel or a non-editable install builds as this checkout does."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["vllm_omni.cpu"]
+    pkg = root / "src" / "vllm_omni" / "cpu"
+    files = [p.relative_to(pkg).as_posix() for p in (pkg / "csrc").rglob("*") if p.is_file()]
+    assert files and all(any(fnmatch.fnmatch(f, pat) and f.count("/") == pat.count("/") for pat in patterns)
+                         for f in files), [f for f in files if not any(fnmatch.fnmatch(f, p) for p in patterns)]
