@@ -533,6 +533,7 @@ def test_a_server_aligns_the_streams_chunks_so_they_decode_together(speech):
             if step >= first and sp.take(row, boundary=step % sp.steady == 0):
                 due[name].append(step)
                 ready.append((name, sp))
+                assert sp.opening == (len(due[name]) <= 4)  # the first four chunks: a listener waits for them
         for (name, _), chunk in zip(ready, decode_together([sp for _, sp in ready])):
             decoded[name] += chunk.frames
     assert due["a"][:4] == [1, 2, 4, 6] and due["b"][:4] == [3, 4, 6, 8]  # the first chunks as before

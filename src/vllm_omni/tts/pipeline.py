@@ -312,6 +312,12 @@ class Speaking:
         self._chunks += 1
         return True
 
+    @property
+    def opening(self) -> bool:
+        """Whether the chunk ``take`` last filled is one of the first ones (``RAMP``), whose audio a
+        listener is waiting for: a server decodes those before the chunks of streams already playing."""
+        return self._chunks <= len(RAMP)
+
     def finish(self) -> AudioChunk | None:
         """The frames still waiting (none when the utterance was stopped), and the total time."""
         chunk = self._flush() if self._pending and not self.stats.stopped else None

@@ -247,14 +247,18 @@ class SpeechEngine:
                         due.append(job)
                 except Exception as exc:  # noqa: BLE001 - one request's failure ends that request only
                     self._fail(job, exc)
-            if due:
+            # the streams in their first chunks first: a new stream's first audio does not wait for the
+            # others' chunks of four frames, which have audio playing already; then the others together
+            for group in ([j for j in due if j.speaking.opening], [j for j in due if not j.speaking.opening]):
+                if not group:
+                    continue
                 try:
-                    chunks = decode_together([job.speaking for job in due])
+                    chunks = decode_together([job.speaking for job in group])
                 except Exception as exc:  # noqa: BLE001 - a shared decode failed: every stream in it ends
-                    for job in due:
+                    for job in group:
                         self._fail(job, exc)
                 else:
-                    for job, chunk in zip(due, chunks):
+                    for job, chunk in zip(group, chunks):
                         self._emit(job, "audio", chunk)
             for job in live:
                 if job in self._running and job.utterance.done:
