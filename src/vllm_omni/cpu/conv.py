@@ -88,7 +88,8 @@ def _parts(xs: list[Tensor], states: list[Tensor | None], ys: list[Tensor], new:
     return arr
 
 
-def _check(rc: int, what: str) -> None:
+def check_call(rc: int, what: str) -> None:
+    """Raise, naming ``what``, where a native decoder call returned an error code."""
     if rc != 0:
         raise RuntimeError(f"{what} failed ({rc})" + (": the kernel refused AMX's tile state" if rc == -2 else ""))
 
@@ -127,7 +128,7 @@ class _NativeConv:
         new = [torch.empty(self.c_in, self.tail) for _ in xs]
         a, ib = _snake(snake)
         parts = _parts(xs, hists, ys, new, residuals)
-        _check(self._run(a, ib, parts, len(xs), self.threads or torch.get_num_threads()),
+        check_call(self._run(a, ib, parts, len(xs), self.threads or torch.get_num_threads()),
                f"{type(self).__name__} on a [{self.c_out}, {self.c_in}, {self.k}] conv")
         return ys, new
 
@@ -186,7 +187,7 @@ class Bf16ResidualUnit:
                                      self.channels, c1.k, c1.dilation, a1.data_ptr(), ib1.data_ptr(), a2.data_ptr(),
                                      ib2.data_ptr(), _parts(xs, hists, ys, new), len(xs),
                                      c1.threads or torch.get_num_threads())
-        _check(rc, f"vo_res_unit_bf16 on {self.channels} channels")
+        check_call(rc, f"vo_res_unit_bf16 on {self.channels} channels")
         return ys, new
 
 
@@ -226,7 +227,7 @@ class Bf16ConvNeXt:
             self.norm[1].data_ptr(), self.eps, self.fc1.packed.data_ptr(), _ptr(self.fc1.bias), self.fc1.c_out,
             self.fc2.packed.data_ptr(), _ptr(self.fc2.bias), _parts(xs, hists, ys, new), len(xs),
             self.threads or torch.get_num_threads())
-        _check(rc, f"vo_convnext_bf16 on {self.channels} channels")
+        check_call(rc, f"vo_convnext_bf16 on {self.channels} channels")
         return ys, new
 
 
@@ -264,7 +265,7 @@ class Bf16TransConv:
         rc = self.lib.vo_tconv_bf16(self.product.packed.data_ptr(), _ptr(self.bias), self.c_out, self.c_in, self.k,
                                     self.stride, _ptr(a), _ptr(ib), _parts(xs, carries, ys, new), len(xs),
                                     self.threads or torch.get_num_threads())
-        _check(rc, f"vo_tconv_bf16 on a [{self.c_in}, {self.c_out}, {self.k}] transposed conv")
+        check_call(rc, f"vo_tconv_bf16 on a [{self.c_in}, {self.c_out}, {self.k}] transposed conv")
         return ys, new
 
 

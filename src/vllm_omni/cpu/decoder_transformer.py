@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from vllm_omni.cpu import native
-from vllm_omni.cpu.conv import Bf16Conv
+from vllm_omni.cpu.conv import Bf16Conv, check_call
 
 
 @dataclass
@@ -128,9 +128,7 @@ class Bf16DecoderTransformer:
             part.new_k, part.new_v = pointers([k for k, _ in new]), pointers([v for _, v in new])
             ys.append(y)
             news.append(new)
-        rc = self.lib.vo_dec_transformer(ctypes.byref(self.model), parts, len(xs),
-                                         self.threads or torch.get_num_threads())
-        if rc != 0:
-            raise RuntimeError(f"vo_dec_transformer failed ({rc}) on {len(xs)} streams"
-                               + (": the kernel refused AMX's tile state" if rc == -2 else ""))
+        check_call(self.lib.vo_dec_transformer(ctypes.byref(self.model), parts, len(xs),
+                                               self.threads or torch.get_num_threads()),
+                   f"vo_dec_transformer on {len(xs)} streams")
         return ys, news

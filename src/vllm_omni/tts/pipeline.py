@@ -27,7 +27,7 @@ from vllm_omni.cpu.frame import StepStats
 from vllm_omni.tts.checkpoint import Checkpoint, load_checkpoint
 from vllm_omni.tts.generate import CodeGenerator, GenerationStats, Sampling
 from vllm_omni.tts.prompt import build_prompt
-from vllm_omni.tts.weight_choice import WEIGHT_FORMATS, canonical, quantized  # noqa: F401 (WEIGHT_FORMATS: re-exported)
+from vllm_omni.tts.weight_choice import canonical, quantized
 
 
 @dataclass
