@@ -172,3 +172,92 @@ def test_an_arm_hosts_cpuinfo_names_its_core_and_features():
     x86 = parse_cpuinfo("processor : 0\ncpu family : 6\nmodel : 167\nstepping : 1\nmodel name : Intel Xeon\n"
                         "flags : fpu avx2 avx512f\n")
     assert x86["cpu_id"] == "family 6, model 167, stepping 1" and x86["model"] == "Intel Xeon"
+
+
+# --- the whole generation loop on ARM (vllm_omni.cpu.cross_remote) -----------------------------
+
+SMALL = dict(talker_layers=2, predictor_layers=1, decoder_layers=1, text_hidden=256, decoder_dim=384)
+FRAMES = 6
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A small checkpoint in the official layout (the published widths, two talker layers and one predictor
+    layer), and its prompt."""
+    from vllm_omni.tts.checkpoint import load_checkpoint
+    from vllm_omni.tts.prompt import build_prompt
+    from vllm_omni.tts.random_checkpoint import write_random_checkpoint
+
+    ckpt = load_checkpoint(write_random_checkpoint(tmp_path_factory.mktemp("arm") / "small", "0.6B", dtype="fp32",
+                                                   **SMALL))
+    return ckpt, build_prompt(ckpt, "Hello there, from the edge.", speaker="ryan", language="english")
+
+
+@pytest.fixture(scope="module")
+def generators(small):
+    from vllm_omni.tts.generate import CodeGenerator
+
+    return {fmt: CodeGenerator(small[0], fmt, threads=2, max_positions=64, cache=False, share_cores=False)
+            for fmt in ("int4", "int8", "fp32")}
+
+
+def greedy_codes(gen, prompt) -> torch.Tensor:
+    from vllm_omni.tts.generate import Sampling
+
+    return torch.stack(list(gen.generate(prompt, Sampling(greedy=True), max_frames=FRAMES)))
+
+
+CODE_RUNS = [("int4", target, cpu) for target, cpu in RUNS] + [
+    ("int8", "armv8.2-a+dotprod", "cortex-a76"), ("fp32", "armv8.2-a+dotprod", "cortex-a76"),
+    ("int8", "armv8-a", "cortex-a53")]
+
+
+@pytest.mark.parametrize("fmt, target, cpu", CODE_RUNS, ids=lambda v: str(v))
+def test_the_greedy_codes_of_a_small_checkpoint_on_arm_are_this_hosts(small, generators, fmt, target, cpu):
+    """The production loop (``CodeGenerator.generate``: prefill, c0, the predictor's frames, the next
+    input) with every native call on the emulated core gives the codes this host's own build gives."""
+    from vllm_omni.cpu import cross_remote
+
+    gen, prompt = generators[fmt], small[1]
+    host = greedy_codes(gen, prompt)
+    with cross_remote.on_arm(gen, target, cpu) as on_arm:
+        codes = greedy_codes(gen, prompt)
+        assert native.ISA_NAMES[on_arm.vo_isa()] == ("generic C" if target == "armv8-a" else "NEON dot product")
+    assert on_arm.calls > FRAMES  # the talker's and the predictor's calls ran there
+    assert codes.shape == (FRAMES, 16) and torch.equal(codes, host)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "fp32"])
+def test_the_talkers_prompt_rows_on_arms_plain_c_are_the_x86_plain_c_bits(small, generators, fmt):
+    """Beneath the codes: the talker's hidden states and logits over the whole prompt, through every
+    layer (the GEMVs, the norms, the attention over an fp16 or fp32 cache), are the same bits on the
+    Armv8.0 build as on the x86 plain C build, and within the kernels' tolerance of this host's own."""
+    from vllm_omni.cpu import cross_remote
+
+    gen, prompt = generators[fmt], small[1]
+    rows = prompt.prefill[: gen.talker.lib.vo_max_tokens()]
+    stack = gen.talker.native
+
+    def run():
+        caches = stack.new_cache()
+        return stack.forward_rows(rows, list(range(len(rows))), [caches] * len(rows), head=gen.talker.head)
+
+    with cross_remote.calling(gen, native.load("generic")):
+        plain = run()
+    with cross_remote.on_arm(gen, "armv8-a", "cortex-a53"):
+        arm = run()
+    own = run()
+    tol = {"int4": 2e-2, "fp32": 1e-4}[fmt]  # int4: this host's loops quantise the activations by block
+    for got, want, mine in zip(arm, plain, own):
+        assert torch.equal(got, want)
+        assert (got - mine).abs().max() <= tol * mine.abs().max()
+
+
+def test_a_call_arm_does_not_run_is_refused_by_name(generators):
+    from vllm_omni.cpu import cross_remote
+
+    gen = generators["int4"]
+    with cross_remote.on_arm(gen, "armv8-a", "cortex-a53"):
+        with pytest.raises(AttributeError, match="vo_talker_step is not run on ARM"):
+            gen.talker.step(torch.zeros(gen.talker.hidden))
+    assert gen.talker.lib is gen.talker.native.lib is native.load()  # the host's build again

@@ -2,6 +2,9 @@
 // kernels cross-compiled for aarch64 and run under qemu-user (vllm_omni.cpu.cross).
 //
 //   vo_driver CASE_IN OUT     runs the case in CASE_IN and writes its float32 results to OUT
+//   vo_driver --serve         holds memory and runs calls for a process on the other side of
+//                             stdin and stdout (cross.ArmLibrary: the whole generation loop on
+//                             the ARM kernels, with the loop itself in Python)
 //
 // A case file is little-endian: a 32-bit kind, then that kind's fields (written by cross.py):
 //   0 linear    i32 fmt, i64 rows, i64 cols, i32 M, i64 w_bytes, i64 s_bytes, w, s, float x[M*cols]
@@ -13,9 +16,21 @@
 //               float hist[cin*(k-1)*d], float x[cin*T], float a[cin], float inv_b[cin]
 //               -> vo_conv_bf16's y[cout*T] (SnakeBeta first), then its new history[cin*(k-1)*d]
 // Every case runs with 2 threads. Exit status: 0, 2 for a bad case file, 3 when the kernel refused it.
+//
+// --serve reads requests, each a 32-bit verb then its fields (little-endian), and answers on stdout:
+//   0 quit
+//   1 alloc     u64 n                    -> u64 address of n zeroed bytes (64-byte aligned)
+//   2 write     u64 address, u64 n, bytes
+//   3 read      u64 address, u64 n       -> the n bytes there
+//   4 call      u32 function, u32 count, u64 args[count] -> i64 its result; functions:
+//               0 vo_stack_forward_rows, 1 vo_predictor_frames, 2 vo_isa (arguments in their order,
+//               pointers as addresses in this process, an int or a float's bits in the low bits)
+// Addresses are trusted: the other side builds every structure it passes (a test driver only).
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 extern "C" {
@@ -43,6 +58,14 @@ int32_t vo_conv_pack_bf16(const float* w, int64_t cout, int64_t cin, int64_t k, 
 int32_t vo_conv_bf16(const uint16_t* wp, const float* bias, int64_t cout, int64_t cin, int64_t k, int64_t d,
                      const float* snake_a, const float* snake_inv_b, const VoSeg* segs, int64_t n, int32_t threads);
 int32_t vo_isa();
+struct VoStack;
+int32_t vo_stack_forward_rows(const VoStack* stp, const float* x, int32_t T, const int32_t* pos, void* const* kv,
+                              float* out, const VoMat* head, float* logits, int32_t head_rows);
+int32_t vo_predictor_frames(const VoStack* stp, const VoMat* heads, int32_t G, const float* emb, int64_t Ht,
+                            const VoMat* proj, const float* proj_bias, int32_t B, void* const* kv,
+                            const float* past_hidden, const float* c0_embed, int32_t greedy, float temperature,
+                            int32_t top_k, const float* uniforms, const uint64_t* keys, int64_t* codes_out,
+                            float* embed_sum_out, float* logits_out, float* scratch);
 }
 
 namespace {
@@ -66,11 +89,76 @@ struct Reader {
 
 constexpr int32_t THREADS = 2;
 
+template <class T>
+T* at(uint64_t a) {
+    return reinterpret_cast<T*>(static_cast<uintptr_t>(a));
+}
+
+float float_bits(uint64_t a) {
+    const uint32_t u = static_cast<uint32_t>(a);
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+int64_t call(uint32_t fn, const uint64_t* a, uint32_t n) {
+    if (fn == 0 && n == 9)
+        return vo_stack_forward_rows(at<const VoStack>(a[0]), at<const float>(a[1]), int32_t(a[2]),
+                                     at<const int32_t>(a[3]), at<void* const>(a[4]), at<float>(a[5]),
+                                     at<const VoMat>(a[6]), at<float>(a[7]), int32_t(a[8]));
+    if (fn == 1 && n == 20)
+        return vo_predictor_frames(at<const VoStack>(a[0]), at<const VoMat>(a[1]), int32_t(a[2]), at<const float>(a[3]),
+                                   int64_t(a[4]), at<const VoMat>(a[5]), at<const float>(a[6]), int32_t(a[7]),
+                                   at<void* const>(a[8]), at<const float>(a[9]), at<const float>(a[10]),
+                                   int32_t(a[11]), float_bits(a[12]), int32_t(a[13]), at<const float>(a[14]),
+                                   at<const uint64_t>(a[15]), at<int64_t>(a[16]), at<float>(a[17]),
+                                   at<float>(a[18]), at<float>(a[19]));
+    if (fn == 2 && n == 0) return vo_isa();
+    std::fprintf(stderr, "vo_driver: no function %u of %u arguments\n", fn, n);
+    return INT64_MIN;
+}
+
+// The --serve loop (see the top of this file); returns the exit status.
+int serve() {
+    const auto get = [](void* p, size_t n) { return std::fread(p, 1, n, stdin) == n; };
+    const auto put = [](const void* p, size_t n) { return std::fwrite(p, 1, n, stdout) == n; };
+    for (;;) {
+        uint32_t verb = 0;
+        if (!get(&verb, 4) || verb == 0) return 0;
+        bool ok = true;
+        if (verb == 1) {
+            uint64_t n = 0;
+            ok = get(&n, 8);
+            void* p = ok ? std::aligned_alloc(64, (n + 63) / 64 * 64 + 64) : nullptr;
+            if (p) std::memset(p, 0, (n + 63) / 64 * 64 + 64);
+            const uint64_t addr = reinterpret_cast<uintptr_t>(p);
+            ok = ok && p && put(&addr, 8);
+        } else if (verb == 2 || verb == 3) {
+            uint64_t a[2] = {};
+            ok = get(a, 16) && (verb == 2 ? get(at<void>(a[0]), a[1]) : put(at<void>(a[0]), a[1]));
+        } else if (verb == 4) {
+            uint32_t head[2] = {};
+            uint64_t args[32] = {};
+            ok = get(head, 8) && head[1] <= 32 && get(args, 8 * size_t(head[1]));
+            const int64_t rc = ok ? call(head[0], args, head[1]) : 0;
+            ok = ok && put(&rc, 8);
+        } else {
+            std::fprintf(stderr, "vo_driver: unknown request %u\n", verb);
+            return 2;
+        }
+        if (!ok || std::fflush(stdout) != 0) {
+            std::fprintf(stderr, "vo_driver: request %u cut short\n", verb);
+            return 2;
+        }
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (argc == 2 && std::strcmp(argv[1], "--serve") == 0) return serve();
     if (argc != 3) {
-        std::fprintf(stderr, "usage: vo_driver CASE_IN OUT\n");
+        std::fprintf(stderr, "usage: vo_driver CASE_IN OUT | vo_driver --serve\n");
         return 2;
     }
     FILE* in = std::fopen(argv[1], "rb");
