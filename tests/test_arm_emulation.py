@@ -1,10 +1,12 @@
 """The native kernels cross-compiled for aarch64 and run under qemu-user (vllm_omni.cpu.cross),
 against the x86 builds of the same source on the same inputs: bit for bit against the plain C++
-build (the int4 and int8 loops keep its order of arithmetic; the NEON fp32 dots fuse and reorder,
-so they are held to the fp32 tolerance), within the x86 tests' tolerances against this host's own
-build and the eager reference. Several emulated cores: Cortex-A53 (Armv8.0, the
-plain C loops), Cortex-A76 and Neoverse-N1 (Armv8.2-A with the dot product: arch/arm's NEON
-loops) and qemu's ``max`` (every extension it knows: the decoder's bf16 conv runs BFDOT there)."""
+build (the int4 and int8 loops keep its order of arithmetic, and so does the decoder's int8 conv;
+the NEON fp32 dots fuse and reorder, so they are held to the fp32 tolerance), within the x86
+tests' tolerances against this host's own build and the eager reference. Several emulated cores:
+Cortex-A53 (Armv8.0, the plain C loops), Cortex-A76 and Neoverse-N1 (Armv8.2-A with the dot
+product: arch/arm's NEON loops) and qemu's ``max`` (every extension it knows: the decoder's bf16
+conv runs BFDOT there). Then the whole generation loop on each core: a small checkpoint's greedy
+codes (``vllm_omni.cpu.cross_remote``)."""
 
 from __future__ import annotations
 
@@ -115,6 +117,33 @@ def test_the_decoders_bf16_conv_equals_the_x86_builds(arm):
     else:
         assert np.array_equal(y, plain)
     if conv.available():
+        assert np.abs(y - host("native")[0]).max() <= 1e-5 * np.abs(plain).max()
+
+
+def test_the_decoders_int8_conv_is_the_x86_plain_c_bits_on_every_core(arm):
+    """The decoder's int8 conv (weights per channel, inputs per sample after SnakeBeta, each tap's
+    integer sums scaled): the dot-product loop (Armv8.2-A and later) and the plain C (Armv8.0) sum the
+    same integers as the x86 plain C build and scale them in its order, so every core gives its bits;
+    and this host's own loop is within the float scaling's fusing of them."""
+    from vllm_omni.cpu import conv
+
+    rng = np.random.default_rng(13)
+    cout, cin, k, d, t = 64, 96, 7, 3, 40
+    w = (rng.standard_normal((cout, cin, k)) / np.sqrt(cin * k)).astype(np.float32)
+    bias, hist = rng.standard_normal(cout).astype(np.float32), rng.standard_normal((cin, (k - 1) * d)).astype(np.float32)
+    x = rng.standard_normal((cin, t)).astype(np.float32)
+    a, ib = rng.uniform(0.5, 1.5, cin).astype(np.float32), rng.uniform(0, 1, cin).astype(np.float32)
+    out = arm(cross.conv_case(w, bias, hist, x, a, ib, d, precision="int8"))
+    y, new_hist = out[:cout * t].reshape(cout, t), out[cout * t:].reshape(cin, -1)
+
+    def host(variant):
+        c = conv.Int8Conv(torch.from_numpy(w), torch.from_numpy(bias), d, variant=variant)
+        got, h = c(torch.from_numpy(x), torch.from_numpy(hist), (torch.from_numpy(a), torch.from_numpy(ib)))
+        return got.numpy(), h.numpy()
+
+    plain, plain_hist = host("generic")
+    assert np.array_equal(y, plain) and np.array_equal(new_hist, plain_hist)
+    if conv.int8_available():
         assert np.abs(y - host("native")[0]).max() <= 1e-5 * np.abs(plain).max()
 
 

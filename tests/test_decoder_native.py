@@ -362,3 +362,127 @@ def test_an_installed_package_carries_every_kernel_source():
     files = [p.relative_to(pkg).as_posix() for p in (pkg / "csrc").rglob("*") if p.is_file()]
     assert files and all(any(fnmatch.fnmatch(f, pat) and f.count("/") == pat.count("/") for pat in patterns)
                          for f in files), [f for f in files if not any(fnmatch.fnmatch(f, p) for p in patterns)]
+
+
+# --- int8 convolutions (``Int8Conv``, ``Int8TransConv``) and the int8 decoder ------------------------
+
+INT8 = pytest.mark.skipif(not conv.int8_available(), reason="this CPU multiplies int8 in neither AVX-512 VNNI nor "
+                          "ARM's dot product: the int8 decoder is refused here, its loop being the plain-C reference")
+INT8_CONV_SNR = 38.0  # dB over the fp32 conv: weights rounded per channel, inputs per sample (about 42 measured)
+
+
+def snr_db(got, ref) -> float:
+    return float(10 * torch.log10(ref.pow(2).sum() / (got - ref).pow(2).sum()))
+
+
+def int8_emulated(w, b, hist, x, d, residual=None):
+    """The int8 conv's arithmetic in float64 (without SnakeBeta, whose polynomial is the kernel's own):
+    weights rounded per output channel, [hist | x] per sample, each tap's integer sums scaled."""
+    def rounded(v, m):  # the kernel's float32 steps: q = nearbyint(v * (127 / m)), scale m / 127
+        inv = torch.where(m > 0, torch.full_like(m, 127) / m, torch.zeros_like(m))  # (not 127 / m: a reciprocal)
+        return torch.round(v * inv).double(), (m / 127).double()
+
+    full = torch.cat([hist, x], 1)
+    wq, sw = rounded(w, w.abs().amax((1, 2), keepdim=True))
+    xq, sx = rounded(full, full.abs().amax(0))
+    t = x.shape[1]
+    y = torch.zeros(w.shape[0], t, dtype=torch.float64)
+    for j in range(w.shape[2]):
+        y += (wq[:, :, j] @ xq[:, j * d: j * d + t]) * sx[j * d: j * d + t]
+    y = y * sw[:, :, 0] + b.double()[:, None]
+    return (y if residual is None else y + residual.double()).float()
+
+
+@INT8
+@pytest.mark.parametrize("cout,cin,k,d,t", [(64, 32, 7, 3, 50), (96, 96, 7, 9, 1920), (768, 768, 7, 1, 128),
+                                            (384, 384, 1, 1, 40), (1536, 1024, 7, 1, 4)])
+def test_int8_conv_is_its_rounded_arithmetic_and_close_to_fp32(cout, cin, k, d, t):
+    """Its integer sums and their scaling, against the same arithmetic in float64 (1e-5: only the order
+    of the float scaling differs); and within its rounding of the fp32 conv, SnakeBeta and residual in."""
+    w, b, hist, x = conv_case(cout, cin, k, d, t, seed=cout + t)
+    res = torch.randn(cout, t, generator=gen(t))
+    c = conv.Int8Conv(w, b, d)
+    y, new_hist = c(x, hist, residual=res)
+    assert rel(y, int8_emulated(w, b, hist, x, d, res)) < SUM_ORDER
+    assert torch.equal(new_hist, torch.cat([hist, x], 1)[:, t:]) if k > 1 else new_hist.numel() == 0
+    s = snake_of(cin, 2)
+    y, _ = c(x, hist, s)
+    assert snr_db(y, F.conv1d(torch.cat([hist, snake(x, s)], 1)[None], w, b, dilation=d)[0]) > INT8_CONV_SNR
+
+
+@INT8
+def test_int8_conv_streams_and_shares_calls_bit_for_bit():
+    """Each input sample has its own scale, so a stream cut into chunks is one whole call bit for bit,
+    and streams in one call are each alone bit for bit (one joining mid-way from no history)."""
+    w, b, _, x = conv_case(192, 96, 7, 9, 700, seed=8)
+    s = snake_of(96, 3)
+    c = conv.Int8Conv(w, b, 9)
+    whole, whole_hist = c(x, None, s)
+    outs, hist = [], None
+    for a, e in [(0, 1), (1, 33), (33, 40), (40, 300), (300, 700)]:
+        y, hist = c(x[:, a:e], hist, s)
+        outs.append(y)
+    assert torch.equal(torch.cat(outs, 1), whole) and torch.equal(hist, whole_hist)
+    xs = [x[:, :40], x[:, 40:300], torch.randn(96, 5, generator=gen(1))]
+    hs = [None, c(x[:, :40], None, s)[1], None]
+    ys, news = c.many(xs, hs, s)
+    for got, new, xi, hi in zip(ys, news, xs, hs):
+        alone, alone_hist = c(xi, hi, s)
+        assert torch.equal(got, alone) and torch.equal(new, alone_hist)
+
+
+@INT8
+@pytest.mark.parametrize("cin,cout,stride", [(1536, 768, 8), (192, 96, 3)])
+def test_int8_transposed_conv_streams_as_the_whole_and_is_close_to_fp32(cin, cout, stride):
+    g = gen(6)
+    w = torch.randn(cin, cout, 2 * stride, generator=g) / cin ** 0.5
+    b = torch.randn(cout, generator=g)
+    x = torch.randn(cin, 21, generator=g)
+    s = snake_of(cin, 7)
+    tc = conv.Int8TransConv(w, b, stride)
+    whole, carry = tc(x, None, s)
+    ref = F.conv_transpose1d(snake(x, s)[None], w, None, stride=stride)[0]
+    assert snr_db(whole, ref[:, :21 * stride] + b[:, None]) > INT8_CONV_SNR
+    outs, c = [], None
+    for a, e in [(0, 1), (1, 2), (2, 9), (9, 21)]:
+        y, c = tc(x[:, a:e], c, s)
+        outs.append(y)
+    assert torch.equal(torch.cat(outs, 1), whole) and torch.equal(c, carry)
+
+
+@INT8
+def test_every_int8_loop_gives_the_plain_c_sums():
+    """The host's SIMD loop (AVX-512 VNNI or ARM's dot product) and the plain C compute the same
+    integer sums; only the compiler's fusing of the float scaling may differ (1e-5)."""
+    w, b, hist, x = conv_case(64, 96, 7, 3, 70, seed=12)
+    plain, _ = conv.Int8Conv(w, b, 3, variant="generic")(x, hist)
+    own, _ = conv.Int8Conv(w, b, 3)(x, hist)
+    assert conv.int8_path("generic") == "plain C" and conv.int8_path() != "plain C"
+    assert rel(own, plain) < SUM_ORDER
+
+
+@INT8
+def test_the_int8_decoder_streams_bit_for_bit_within_its_bound_of_fp32(wide_decoder):
+    """int8 in the four DecoderBlocks (their transposed convs and ResidualUnits): frame by frame and in
+    uneven chunks the same bits as one whole decode; several streams in one pass each the bits they
+    get alone; and within a stated distance of the fp32 decode (random weights: about 25 dB, against
+    bf16's 38), not secretly another precision."""
+    ck = wide_decoder
+    codes = torch.randint(0, 2048, (12, 16), generator=gen(40))
+    ref = StreamingDecoder(ck.decoder, ck.config.decoder).decode(codes)
+    dec = StreamingDecoder(ck.decoder, ck.config.decoder, "int8")
+    assert isinstance(dec.blocks[0][2][0].conv1.native, conv.Int8Conv)
+    assert isinstance(dec.blocks[0][1].native, conv.Int8TransConv)
+    whole = dec.decode(codes)
+    dec.reset()
+    cuts = [0, 1, 2, 4, 7, 12]
+    assert torch.equal(torch.cat([dec.push(codes[a:e]) for a, e in zip(cuts, cuts[1:])]), whole)
+    assert 20 < snr_db(whole, ref) < 35
+    if dec.streams_together:
+        dec.reset()
+        dec.push(codes[:3])
+        st = dec.save_state()
+        later = dec.push(codes[3:7])
+        outs, _ = dec.push_streams([codes[3:7], codes[:2]], [st, dec.fresh_state()])
+        dec.reset()
+        assert torch.equal(outs[0], later) and torch.equal(outs[1], dec.push(codes[:2]))

@@ -218,11 +218,32 @@ def test_the_bf16_decoder_streams_close_to_the_fp32_decode(speech):
     got = torch.cat([dec.push(codes[a:b]) for a, b in zip(cuts, cuts[1:])])
     snr = 10 * torch.log10(ref.pow(2).mean() / (got - ref).pow(2).mean())
     assert got.shape == ref.shape and 30 < float(snr) < 80  # close, and not secretly fp32
-    with pytest.raises(ValueError, match="decoder precision must be one of fp32, bf16"):
+    with pytest.raises(ValueError, match="decoder precision must be one of fp32, bf16, int8"):
         StreamingDecoder(speech.ckpt.decoder, dc, "fp16")
     assert decoder_precision("auto", "fp32") == "fp32" and decoder_precision("bf16", "fp32") == "bf16"
-    with pytest.raises(ValueError, match="decoder must be one of auto, fp32, bf16"):
-        decoder_precision("int8", "int4")
+    with pytest.raises(ValueError, match="decoder must be one of auto, fp32, bf16, int8, got 'int4'"):
+        decoder_precision("int4", "int4")
+
+
+def test_auto_picks_bf16_then_int8_then_fp32_by_what_the_cpu_multiplies(monkeypatch):
+    """With quantized weights "auto" is bf16 where the CPU multiplies bf16 natively, else int8 where it
+    multiplies int8 in SIMD, else fp32; fp32 weights keep fp32 everywhere. The command takes each."""
+    from vllm_omni.tts import cli, decoder, pipeline
+
+    for bf16, int8, want in [(True, True, "bf16"), (False, True, "int8"), (False, False, "fp32")]:
+        monkeypatch.setattr(decoder, "bf16_helps", lambda v=bf16: v)
+        monkeypatch.setattr(decoder, "int8_helps", lambda v=int8: v)
+        assert pipeline.decoder_precision("auto", "int4") == want
+        assert pipeline.decoder_precision("auto", "fp32") == "fp32"
+    assert cli.DECODER_CHOICES == pipeline.DECODER_CHOICES
+
+
+def test_the_int8_decoder_is_refused_where_its_loop_would_be_plain_c(speech, monkeypatch):
+    from vllm_omni.cpu import conv
+
+    monkeypatch.setattr(conv, "int8_available", lambda variant="native": False)
+    with pytest.raises(ValueError, match="the int8 decoder needs a CPU that multiplies int8 in SIMD .AVX-512 VNNI"):
+        StreamingDecoder(speech.ckpt.decoder, speech.ckpt.config.decoder, "int8")
 
 
 def test_decoder_refuses_bad_codes(speech):

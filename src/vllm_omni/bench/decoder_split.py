@@ -1,13 +1,19 @@
 """``vllm-omni-bench decoder-split``: where the streaming decoder's time goes, against what the host can do.
 
-For each decoder precision (fp32, and bf16 where the CPU multiplies it natively) and thread
+For each decoder precision (fp32; bf16 where the CPU multiplies it natively; int8 where it
+multiplies int8 in SIMD) and thread
 count, it pushes an utterance in the chunks the pipeline uses once it streams (four frames a
 call) and times each stage of ``StreamingDecoder.push`` (``StreamingDecoder.stages``): ms per
 frame, multiply-adds per frame from the weights' shapes, and the rate those make. In the same
 run it times a large matrix product (2048 x 2048 x 2048, PyTorch's oneDNN/BLAS path) in the
 same precision and thread count: the rate a stage would reach if it were one large GEMM. A
 stage near that rate is limited by arithmetic; far below, by its shape (short calls, few
-channels, data movement between layers).
+channels, data movement between layers). int8 has no large product in PyTorch to time: its
+"of a large matmul" is left empty.
+
+``--build no-bf16`` (or ``no-amx``) runs the decoder on another build of the kernels: this CPU's
+without AMX and AVX-512 BF16, the loops a CPU with AVX-512 VNNI alone runs (Ice Lake, Cascade
+Lake). Its times are this CPU's running those loops, not another CPU's.
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=positive_int, default=None, help="timed utterances per setting (default 5; quick 1)")
     p.add_argument("--quick", action="store_true", help="a shallow checkpoint: for doctests only")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random checkpoint")
+    p.add_argument("--build", default="native",
+                   help="the native build the decoder runs: native (default), or no-amx / no-bf16, this CPU's build "
+                        "without AMX / without AMX and AVX-512 BF16 (the loops of CPUs that lack them)")
     add_name(p, "end-to-end", "decoder-split-<model>")
     add_output(p)
     p.set_defaults(func=run, core_clock=True)
@@ -54,11 +63,25 @@ def matmul_gmacs(precision: str, repeats: int = 5) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_omni.cpu import native
+
+    if args.build != "native" and args.build not in native.LOOP_VARIANT_FLAGS:
+        raise BenchError(f"--build must be native or one of {', '.join(native.LOOP_VARIANT_FLAGS) or '(none here)'}, "
+                         f"got {args.build!r}")
+    if args.build == "native":
+        return _run(args)
+    with native.standing_in(args.build):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     import torch
+
+    from vllm_omni.cpu import conv
 
     from vllm_omni.bench.speak import checkpoint_note, random_checkpoint
     from vllm_omni.tts.checkpoint import load_checkpoint
-    from vllm_omni.tts.decoder import StreamingDecoder, bf16_helps
+    from vllm_omni.tts.decoder import StreamingDecoder, bf16_helps, int8_helps
 
     counts = thread_counts(args) if args.thread_counts else sorted({1, thread_counts(args)[0]})
     frames = args.frames or (8 if args.quick else 32)
@@ -69,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
     ck = load_checkpoint(model_dir)
     codes = torch.randint(0, ck.config.decoder.spec.codebook_size, (frames, ck.config.decoder.spec.quantizers),
                           generator=torch.Generator().manual_seed(0))
-    precisions = ("fp32", "bf16") if bf16_helps() else ("fp32",)
+    # bf16 where its convs are native in this build (not PyTorch's, which another build cannot change)
+    precisions = ("fp32",) + (("bf16",) if bf16_helps() and (args.build == "native" or conv.available()) else ()) + (
+        ("int8",) if int8_helps() else ())
     rows, matmul = [], {}
     for precision in precisions:
         dec = StreamingDecoder(ck.decoder, ck.config.decoder, precision)
@@ -77,8 +102,9 @@ def run(args: argparse.Namespace) -> int:
         total_macs = sum(m for _, m in stages)
         for t in counts:
             torch.set_num_threads(t)
-            rate = matmul_gmacs(precision)
-            matmul[f"{precision}-t{t}"] = round(rate, 1)
+            rate = matmul_gmacs(precision) if precision != "int8" else None
+            if rate is not None:
+                matmul[f"{precision}-t{t}"] = round(rate, 1)
             dec.decode(codes[:CHUNK])  # warm-up
             runs: list[dict[str, float]] = []
             for _ in range(repeats):
@@ -93,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
                 m = whole if name == "whole decoder" else ms[name]
                 gmacs = macs / (m / 1e3) / 1e9
                 rows.append([f"{precision} t{t} {name}", precision, t, name, round(m, 3), round(100 * m / whole, 1),
-                             round(macs / 1e6, 1), round(gmacs, 1), round(gmacs / rate, 3)])
+                             round(macs / 1e6, 1), round(gmacs, 1), None if rate is None else round(gmacs / rate, 3)])
     cfg = ck.config
     write_measured(
         args,
@@ -114,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         threads=",".join(map(str, counts)), source="vllm-omni-bench decoder-split",
         compare={"tolerance": 0.25, "key_columns": ["setting"], "columns": ["ms per frame"]},
         run={"frames": frames, "frames_per_call": CHUNK, "repeats": repeats, "matmul_size": MATMUL,
-             "matmul_gmacs": matmul},
+             "matmul_gmacs": matmul, "build": args.build, "conv_loops": {"bf16": conv.path(), "int8": conv.int8_path()}},
         notes=("Median ms per frame of each stage of StreamingDecoder.push over run.repeats utterances of "
                "run.frames random codes, pushed run.frames_per_call frames a call. Multiply-adds per frame: the "
                "products of the stage's weights (StreamingDecoder.stages; attention's own products, a few per "

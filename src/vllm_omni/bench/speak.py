@@ -46,7 +46,7 @@ def weight_choices() -> list[str]:
 
 
 MODES = {"streaming": True, "non-streaming": False}
-DECODERS = ("auto", "fp32", "bf16")
+DECODERS = ("auto", "fp32", "bf16", "int8")
 CACHE_ENV = "VLLM_OMNI_CHECKPOINTS"
 QUICK_SHAPE = dict(talker_layers=2, predictor_layers=1, decoder_layers=1, text_hidden=256, decoder_dim=384)
 
@@ -64,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--frames", type=positive_int, default=None, help="frames per utterance (default 40; --quick 3)")
     p.add_argument("--repeats", type=positive_int, default=None, help="utterances per setting (default 3; --quick 1)")
     p.add_argument("--decoders", default="auto",
-                   help="comma-separated decoder precisions, auto, fp32 or bf16 (default auto: as speak picks)")
+                   help="comma-separated decoder precisions, auto, fp32, bf16 or int8 (default auto: as speak picks)")
     p.add_argument("--official", action="store_true",
                    help="also time the official qwen-tts (fp32) end to end and its decoder on the same checkpoint")
     p.add_argument("--quick", action="store_true", help="a shallow checkpoint and a few frames: for doctests only")

@@ -15,6 +15,11 @@ A stream's samples get the same arithmetic alone or beside others.
 Both operands are rounded to bf16 (as ``tensor.bfloat16()``), products summed in fp32: the same
 arithmetic as PyTorch's bf16 convolution, in another order. ``NarrowConv`` is the decoder's last
 conv (96 channels to one) in fp32: PyTorch runs a one-channel conv poorly.
+
+``Int8Conv`` is the same conv with int8 products: the weights rounded per output channel, the
+input per sample (after its SnakeBeta), each tap's products summed exactly in int32 and then
+scaled (AVX-512 VNNI, or ARM's dot product; plain C elsewhere). The input's scale is a sample's
+own, so chunking a stream changes nothing, and every loop gives the same bits.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from torch import Tensor
 from vllm_omni.cpu import native
 
 PATHS = {0: "plain C", 1: "AVX-512 BF16", 2: "AMX", 3: "NEON BF16"}
+INT8_PATHS = {0: "plain C", 1: "AVX-512 VNNI", 4: "NEON dot product"}
 Snake = tuple[Tensor, Tensor]  # SnakeBeta's (exp(alpha), 1 / (exp(beta) + 1e-9)) per channel
 
 
@@ -40,6 +46,19 @@ def available(variant: str = "native") -> bool:
     loop is the plain-C reference, far slower than PyTorch's, so the decoder keeps PyTorch's convs."""
     try:
         return native.load(variant).vo_conv_bf16_path() > 0
+    except native.NativeBuildError:
+        return False
+
+
+def int8_path(variant: str = "native") -> str:
+    """The loop the native int8 convolutions run in the ``variant`` build (``INT8_PATHS``)."""
+    return INT8_PATHS[native.load(variant).vo_conv_i8_path()]
+
+
+def int8_available(variant: str = "native") -> bool:
+    """Whether the ``variant`` build multiplies int8 in a SIMD loop (AVX-512 VNNI, ARM's dot product)."""
+    try:
+        return native.load(variant).vo_conv_i8_path() > 0
     except native.NativeBuildError:
         return False
 
@@ -156,6 +175,29 @@ class Bf16Conv(_NativeConv):
                                      self.dilation, _ptr(a), _ptr(ib), parts, n, threads)
 
 
+class Int8Conv(_NativeConv):
+    """A causal conv with int8 products (see the module doc), its weights rounded and packed once."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, dilation: int = 1, threads: int | None = None,
+                 variant: str = "native"):
+        super().__init__(weight, bias, dilation, threads, variant)
+        if not fits(self.c_out, self.c_in):
+            raise ValueError(f"the native int8 conv takes channel counts in multiples of 32, got "
+                             f"{self.c_out} out, {self.c_in} in")
+        self.packed = torch.empty(weight.numel(), dtype=torch.int8)
+        self.scale = torch.empty(self.c_out)
+        self.wsum = torch.empty(self.c_out * self.k, dtype=torch.int32)
+        rc = self.lib.vo_conv_pack_i8(weight.float().contiguous().data_ptr(), self.c_out, self.c_in, self.k,
+                                      self.packed.data_ptr(), self.scale.data_ptr(), self.wsum.data_ptr())
+        if rc != 0:
+            raise RuntimeError(f"vo_conv_pack_i8 failed ({rc}) on a {list(weight.shape)} conv")
+
+    def _run(self, a, ib, parts, n: int, threads: int) -> int:
+        return self.lib.vo_conv_i8(self.packed.data_ptr(), self.scale.data_ptr(), self.wsum.data_ptr(),
+                                   _ptr(self.bias), self.c_out, self.c_in, self.k, self.dilation, _ptr(a), _ptr(ib),
+                                   parts, n, threads)
+
+
 class Bf16ResidualUnit:
     """A ResidualUnit, ``x + conv2(snake2(conv1(snake1(x))))``, from its two packed convs (conv1 causal,
     conv2 1x1, both C -> C) in one native call that takes time in cache-sized tiles: for the blocks of
@@ -231,10 +273,12 @@ class Bf16ConvNeXt:
         return ys, new
 
 
-class Bf16TransConv:
+class _TransConv:
     """A causal transposed conv (ConvTranspose1d with kernel k = stride or 2 * stride, the last
-    k - stride outputs dropped) in bf16 with fp32 sums: the product as a 1x1 conv to (tap, channel)
-    rows, and the overlap of each input's taps with the next one's in the same native call."""
+    k - stride outputs dropped): the product as a 1x1 conv to (tap, channel) rows (``PRODUCT``),
+    and the overlap of each input's taps with the next one's in the same native call."""
+
+    PRODUCT: type[_NativeConv]
 
     def __init__(self, weight: Tensor, bias: Tensor | None, stride: int, threads: int | None = None,
                  variant: str = "native"):
@@ -244,7 +288,7 @@ class Bf16TransConv:
         if self.k not in (stride, 2 * stride):
             raise ValueError(f"a kernel of {self.k} with stride {stride} is not streamed here (k = stride or 2 * stride)")
         taps = weight.float().permute(2, 1, 0).reshape(self.k * self.c_out, self.c_in, 1)  # [(tap, out), in, 1]
-        self.product = Bf16Conv(taps, None, 1, threads, variant)
+        self.product = self.PRODUCT(taps, None, 1, threads, variant)
         self.stride, self.over, self.threads, self.lib = stride, self.k - stride, threads, self.product.lib
         self.bias = None if bias is None else bias.float().reshape(-1).contiguous()
 
@@ -262,11 +306,33 @@ class Bf16TransConv:
         ys = [torch.empty(self.c_out, x.shape[1] * self.stride) for x in xs]
         new = [torch.zeros(self.c_out, self.over) for _ in xs]
         a, ib = _snake(snake)
-        rc = self.lib.vo_tconv_bf16(self.product.packed.data_ptr(), _ptr(self.bias), self.c_out, self.c_in, self.k,
-                                    self.stride, _ptr(a), _ptr(ib), _parts(xs, carries, ys, new), len(xs),
-                                    self.threads or torch.get_num_threads())
-        check_call(rc, f"vo_tconv_bf16 on a [{self.c_in}, {self.c_out}, {self.k}] transposed conv")
+        rc = self._run(a, ib, _parts(xs, carries, ys, new), len(xs), self.threads or torch.get_num_threads())
+        check_call(rc, f"{type(self).__name__} on a [{self.c_in}, {self.c_out}, {self.k}] transposed conv")
         return ys, new
+
+    def _run(self, a, ib, parts, n: int, threads: int) -> int:
+        raise NotImplementedError
+
+
+class Bf16TransConv(_TransConv):
+    """A causal transposed conv in bf16 with fp32 sums (``_TransConv``)."""
+
+    PRODUCT = Bf16Conv
+
+    def _run(self, a, ib, parts, n: int, threads: int) -> int:
+        return self.lib.vo_tconv_bf16(self.product.packed.data_ptr(), _ptr(self.bias), self.c_out, self.c_in, self.k,
+                                      self.stride, _ptr(a), _ptr(ib), parts, n, threads)
+
+
+class Int8TransConv(_TransConv):
+    """A causal transposed conv with int8 products (``_TransConv``; rounded as ``Int8Conv``)."""
+
+    PRODUCT = Int8Conv
+
+    def _run(self, a, ib, parts, n: int, threads: int) -> int:
+        p = self.product
+        return self.lib.vo_tconv_i8(p.packed.data_ptr(), p.scale.data_ptr(), p.wsum.data_ptr(), _ptr(self.bias),
+                                    self.c_out, self.c_in, self.k, self.stride, _ptr(a), _ptr(ib), parts, n, threads)
 
 
 NARROW_MAX = 8

@@ -39,7 +39,7 @@ TARGETS = {
     "armv8.2-a+dotprod": ("-march=armv8.2-a+dotprod", ("cortex-a76", "neoverse-n1")),
     "armv8.6-a+i8mm+bf16": ("-march=armv8.6-a+i8mm+bf16", ("max",)),
 }
-KIND_LINEAR, KIND_SWIGLU, KIND_UNIFORMS, KIND_SNAKE, KIND_CONV = 0, 1, 2, 3, 4
+KIND_LINEAR, KIND_SWIGLU, KIND_UNIFORMS, KIND_SNAKE, KIND_CONV, KIND_CONV_I8 = 0, 1, 2, 3, 4, 5
 FMT_CODES = {"fp32": 0, "int8": 1, "int4": 2}
 
 
@@ -137,10 +137,14 @@ def snake_case(x: np.ndarray, a: np.ndarray, inv_b: np.ndarray) -> bytes:
 
 
 def conv_case(w: np.ndarray, bias: np.ndarray, hist: np.ndarray, x: np.ndarray, a: np.ndarray, inv_b: np.ndarray,
-              dilation: int) -> bytes:
-    """The decoder's bf16 conv (``vo_conv_bf16``) of weights ``w`` [cout, cin, k] over SnakeBeta(``x``) [cin, T]
-    after ``hist`` [cin, (k - 1) * dilation]: the result is y [cout * T], then the next history."""
+              dilation: int, precision: str = "bf16") -> bytes:
+    """The decoder's conv in ``precision`` (``vo_conv_bf16`` or, "int8", ``vo_conv_i8``) of weights ``w``
+    [cout, cin, k] over SnakeBeta(``x``) [cin, T] after ``hist`` [cin, (k - 1) * dilation]: the result is
+    y [cout * T], then the next history."""
+    kinds = {"bf16": KIND_CONV, "int8": KIND_CONV_I8}
+    if precision not in kinds:
+        raise ValueError(f"precision must be one of {', '.join(kinds)}, got {precision!r}")
     cout, cin, k = np.asarray(w).shape
     t = np.asarray(x).shape[1]
-    return (struct.pack("<iqqqqq", KIND_CONV, cout, cin, k, dilation, t) + _f32(w) + _f32(bias) + _f32(hist)
+    return (struct.pack("<iqqqqq", kinds[precision], cout, cin, k, dilation, t) + _f32(w) + _f32(bias) + _f32(hist)
             + _f32(x) + _f32(a) + _f32(inv_b))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import contextlib
 import hashlib
 import os
 import platform
@@ -52,9 +53,12 @@ ARM_VARIANT_FLAGS = {
 VARIANT_FLAGS = ARM_VARIANT_FLAGS if platform.machine() in ("aarch64", "arm64") else X86_VARIANT_FLAGS
 # Builds that exist to run one loop on a host that would pick another (tests, benchmarks), not
 # offered as a choice: "no-amx" is the host's build without AMX, so that an AMX host runs the
-# AVX-512 BF16 convolution loop of the hosts without AMX (Zen 4, Zen 5).
+# AVX-512 BF16 convolution loop of the hosts without AMX (Zen 4, Zen 5); "no-bf16" is also without
+# AVX-512 BF16, the instruction set of the hosts with AVX-512 VNNI alone (Ice Lake, Cascade Lake).
+_NO_AMX = ("-march=native", "-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8")
 LOOP_VARIANT_FLAGS = {} if VARIANT_FLAGS is ARM_VARIANT_FLAGS else {
-    "no-amx": ("-march=native", "-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8"),
+    "no-amx": _NO_AMX,
+    "no-bf16": _NO_AMX + ("-mno-avx512bf16",),
 }
 ISA_NAMES = {0: "generic C", 1: "AVX2", 2: "AVX-512 VNNI", 3: "NEON dot product"}
 
@@ -249,6 +253,10 @@ _SIGNATURES = {
     "vo_snake": (None, [P, P, _I64, _I64, P, P, _I32]),
     "vo_conv_bf16_path": (_I32, []),
     "vo_conv_pack_bf16": (_I32, [P, _I64, _I64, _I64, P]),
+    "vo_conv_i8_path": (_I32, []),
+    "vo_conv_pack_i8": (_I32, [P, _I64, _I64, _I64, P, P, P]),
+    "vo_conv_i8": (_I32, [P, P, P, P, _I64, _I64, _I64, _I64, P, P, ctypes.POINTER(VoSeg), _I64, _I32]),
+    "vo_tconv_i8": (_I32, [P, P, P, P, _I64, _I64, _I64, _I64, P, P, ctypes.POINTER(VoSeg), _I64, _I32]),
     "vo_conv_bf16": (_I32, [P, P, _I64, _I64, _I64, _I64, P, P, ctypes.POINTER(VoSeg), _I64, _I32]),
     "vo_tconv_bf16": (_I32, [P, P, _I64, _I64, _I64, _I64, P, P, ctypes.POINTER(VoSeg), _I64, _I32]),
     "vo_dec_transformer": (_I32, [ctypes.POINTER(VoDecTransformer), ctypes.POINTER(VoDecPart), _I64, _I32]),
@@ -268,6 +276,23 @@ F32_ROWS_CHOICES = (1, 2, 4)
 # (x86 family, model) -> fp32 rows read side by side by the native build, where more rows than
 # its default (one with AVX-512, four in the AVX2-only build) were measured to help
 F32_ROWS_HOSTS = {(6, 167): 4}
+
+
+@contextlib.contextmanager
+def standing_in(variant: str):
+    """While open, the "native" build (what ``load()`` and every kernel wrapper get by default) is the
+    ``variant`` build, so that a benchmark runs another CPU's loops on this one ("no-bf16": those of a
+    CPU with AVX-512 VNNI alone). Not thread-safe; for benchmarks and tests."""
+    lib = load(variant)
+    saved = _LIBS.get("native")
+    _LIBS["native"] = lib
+    try:
+        yield lib
+    finally:
+        if saved is None:
+            _LIBS.pop("native", None)
+        else:
+            _LIBS["native"] = saved
 
 
 def load(variant: str = "native") -> ctypes.CDLL:

@@ -249,8 +249,10 @@ def _weights(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-DECODER_HELP = ("the decoder's precision: auto (default) is bf16 with int8/int4 weights where the CPU multiplies "
-                "bf16 (AVX-512 BF16, AMX), else fp32; fp32 equals the official decode")
+DECODER_CHOICES = ("auto", "fp32", "bf16", "int8")  # pipeline.DECODER_CHOICES (that module imports torch)
+DECODER_HELP = ("the decoder's precision: auto (default) is, with int8/int4 weights, bf16 where the CPU multiplies "
+                "bf16 (AVX-512 BF16, AMX), else int8 where it multiplies int8 (AVX-512 VNNI, ARM's dot product), "
+                "else fp32; fp32 equals the official decode")
 
 
 def _check_serving(args: argparse.Namespace, command: str = "serve"):
@@ -347,7 +349,7 @@ def _serving_arguments(sv: argparse.ArgumentParser) -> None:
     sv.add_argument("--default-format", choices=tuple(FORMATS), default="mp3",
                     help="the audio format of a request without response_format (default mp3, as OpenAI's)")
     sv.add_argument("--weights", type=_weights, default="int4", metavar="FORMAT", help=WEIGHTS_HELP)
-    sv.add_argument("--decoder", choices=("auto", "fp32", "bf16"), default="auto", help=DECODER_HELP)
+    sv.add_argument("--decoder", choices=DECODER_CHOICES, default="auto", help=DECODER_HELP)
     sv.add_argument("--threads", type=_threads, help=THREADS_HELP)
     sv.add_argument("--fixed-threads", action="store_true", help=FIXED_THREADS_HELP)
     sv.add_argument("--no-cache", action="store_true", help="do not read or keep the packed weights (see speak)")
@@ -389,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--stream", action="store_true",
                    help="write each chunk as it is decoded instead of at the end (the file still appears whole)")
     s.add_argument("--weights", type=_weights, default="int4", metavar="FORMAT", help=WEIGHTS_HELP)
-    s.add_argument("--decoder", choices=("auto", "fp32", "bf16"), default="auto", help=DECODER_HELP)
+    s.add_argument("--decoder", choices=DECODER_CHOICES, default="auto", help=DECODER_HELP)
     s.add_argument("--threads", type=_threads, help=THREADS_HELP)
     s.add_argument("--fixed-threads", action="store_true", help=FIXED_THREADS_HELP)
     s.add_argument("--no-cache", action="store_true",

@@ -71,13 +71,19 @@ def _native():
         return None
 
 
-DECODER_PRECISIONS = ("fp32", "bf16")
+DECODER_PRECISIONS = ("fp32", "bf16", "int8")
 
 
 def _bf16_native(lib, c_out: int, c_in: int) -> bool:
     """Whether a bf16 product of these channel counts runs in the native convs (``vllm_omni.cpu.conv``):
     the library built, its loop in hardware and the shape one it takes; PyTorch's bf16 ops where not."""
     return lib is not None and conv_native.available() and conv_native.fits(c_out, c_in)
+
+
+def int8_helps() -> bool:
+    """Whether the native int8 convolutions run a SIMD loop here (AVX-512 VNNI, ARM's dot product):
+    elsewhere their loop is the plain-C reference and the int8 decoder is refused."""
+    return conv_native.int8_available()
 
 
 def bf16_helps() -> bool:
@@ -188,9 +194,11 @@ class _CausalConv:
         self.k = self.w.shape[-1]
         self.tail = (self.k - 1) * dilation
         self.channels = self.w.shape[1] * groups
-        self.native = None  # in bf16 where native: one call, a SnakeBeta before it and a residual folded in
+        self.native = None  # in bf16 or int8 where native: one call, a SnakeBeta before it and a residual folded in
         if self.w16 is not None and _bf16_native(lib, self.w.shape[0], self.w.shape[1]):
             self.native = conv_native.Bf16Conv(self.w, self.b, dilation)
+        elif precision == "int8" and groups == 1 and lib is not None and conv_native.fits(*self.w.shape[:2]):
+            self.native = conv_native.Int8Conv(self.w, self.b, dilation)
         elif groups == 1 and lib is not None and self.w.shape[0] <= conv_native.NARROW_MAX:
             self.native = conv_native.NarrowConv(self.w, self.b, dilation)  # fp32, in any precision
         self.rows = None  # else, few samples a call: the conv as a GEMV over im2col rows [T, k * C_in], taps outer
@@ -238,10 +246,12 @@ class _CausalTransConv:
         self.over = self.k - stride  # output samples a later input still adds to
         if self.over not in (0, stride):
             raise ValueError(f"{prefix}: kernel {self.k} with stride {stride} is not streamed here")
-        # in bf16 where native: one call, its input's SnakeBeta folded in
+        # in bf16 or int8 where native: one call, its input's SnakeBeta folded in
         self.native = None
         if self.w16 is not None and _bf16_native(lib, self.k * self.cout, self.w.shape[0]):
             self.native = conv_native.Bf16TransConv(self.w, self.b, stride)
+        elif precision == "int8" and lib is not None and conv_native.fits(self.k * self.cout, self.w.shape[0]):
+            self.native = conv_native.Int8TransConv(self.w, self.b, stride)
         # else, few inputs a call: one GEMV gives each input's k output samples, [T, (tap, out)]
         taps = self.w.permute(2, 1, 0).reshape(self.k * self.cout, -1)  # [(tap, out), in]
         lin = _Linear(taps, None, lib, precision) if lib is not None and self.native is None else None
@@ -286,7 +296,8 @@ FUSED_UNIT_CHANNELS = 192
 
 class _ResidualUnit:
     """``x + conv2(act2(conv1(act1(x))))``: conv1 causal (k=7, dilated), conv2 1x1. One native call in
-    bf16 where both convs are native and the channels few (``FUSED_UNIT_CHANNELS``); its state is conv1's."""
+    bf16 where both convs are native and the channels few (``FUSED_UNIT_CHANNELS``), a native call per
+    conv in int8; its state is conv1's."""
 
     def __init__(self, w: dict[str, Tensor], prefix: str, dilation: int, lib, precision: str):
         self.act1, self.act2 = _Snake(w, f"{prefix}.act1", lib), _Snake(w, f"{prefix}.act2", lib)
@@ -356,7 +367,16 @@ class StreamingDecoder:
     def __init__(self, weights: dict[str, Tensor], dc: DecoderConfig, precision: str = "fp32"):
         if precision not in DECODER_PRECISIONS:
             raise ValueError(f"decoder precision must be one of {', '.join(DECODER_PRECISIONS)}, got {precision!r}")
+        if precision == "int8" and not conv_native.int8_available():
+            raise ValueError("the int8 decoder needs a CPU that multiplies int8 in SIMD (AVX-512 VNNI, or ARM's dot "
+                             "product), or its convs would run in plain C: this one has neither; use fp32 or bf16")
         self.precision = precision
+        # int8 reaches the four DecoderBlocks (their transposed convs and ResidualUnits: 95 % of the work);
+        # the stages before them run as bf16 where the CPU multiplies bf16 natively, else as fp32
+        units = precision
+        if precision == "int8":
+            precision = "bf16" if conv_native.available() else "fp32"
+        self.stage_precision = precision
         self.dc, s = dc, dc.spec
         self.samples_per_frame = s.samples_per_frame
         lib = _native()
@@ -412,8 +432,8 @@ class StreamingDecoder:
         self.blocks = []
         for b, rate in enumerate(s.upsample_rates):
             p = f"decoder.decoder.{b + 1}.block"
-            units = [_ResidualUnit(w, f"{p}.{u + 2}", d, lib, precision) for u, d in enumerate((1, 3, 9))]
-            self.blocks.append((_Snake(w, f"{p}.0", lib), _CausalTransConv(w, f"{p}.1", rate, lib, precision), units))
+            res = [_ResidualUnit(w, f"{p}.{u + 2}", d, lib, units) for u, d in enumerate((1, 3, 9))]
+            self.blocks.append((_Snake(w, f"{p}.0", lib), _CausalTransConv(w, f"{p}.1", rate, lib, units), res))
         n = len(s.upsample_rates) + 1
         self.snake_out = _Snake(w, f"decoder.decoder.{n}", lib)
         self.conv_out = _CausalConv(w, f"decoder.decoder.{n + 1}", lib=lib)  # fp32 (NarrowConv) in any precision

@@ -70,20 +70,23 @@ class SpeechStats:
                 "bookkeeping": m.bookkeeping_ms,
                 "decoder": statistics.median(self.decoder_ms) if self.decoder_ms else 0.0}
 
-DECODER_CHOICES = ("auto", "fp32", "bf16")
+DECODER_CHOICES = ("auto", "fp32", "bf16", "int8")
 
 
 def decoder_precision(choice: str, weights: str) -> str:
-    """The decoder's precision for ``choice``: "auto" is bf16 where int8 or int4 weights are in use
-    (``weight_choice.quantized``) on a CPU that multiplies bf16 natively (``decoder.bf16_helps``), else
-    fp32; fp32 weights keep the fp32 decoder, whose output equals the official decode."""
-    from vllm_omni.tts.decoder import bf16_helps
+    """The decoder's precision for ``choice``. "auto", where int8 or int4 weights are in use
+    (``weight_choice.quantized``): bf16 on a CPU that multiplies bf16 natively (``decoder.bf16_helps``),
+    else int8 on one that multiplies int8 in SIMD (``decoder.int8_helps``: AVX-512 VNNI, ARM's dot
+    product), else fp32. fp32 weights keep the fp32 decoder, whose output equals the official decode."""
+    from vllm_omni.tts.decoder import bf16_helps, int8_helps
 
     if choice not in DECODER_CHOICES:
         raise ValueError(f"decoder must be one of {', '.join(DECODER_CHOICES)}, got {choice!r}")
     if choice != "auto":
         return choice
-    return "bf16" if quantized(weights) and bf16_helps() else "fp32"
+    if not quantized(weights):
+        return "fp32"
+    return "bf16" if bf16_helps() else "int8" if int8_helps() else "fp32"
 
 
 RAMP = (1, 1, 2, 2)

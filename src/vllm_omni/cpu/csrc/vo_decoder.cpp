@@ -37,6 +37,12 @@
 #if defined(__aarch64__) && defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
 #define VO_NEON_BF16 1
 #endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define VO_AVX512_I8 1
+#endif
+#if defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)
+#define VO_NEON_I8 1
+#endif
 
 namespace {
 
@@ -306,6 +312,238 @@ void conv_share(const ConvPlan& c, uint16_t* xp) {
     }
 }
 
+// --- int8 causal convolutions ------------------------------------------------------------
+//
+// The same convolution as above with int8 products: W rounded per output channel (scale
+// sw[co] = max |W[co]| / 127), the input per sample (scale sx[s] = max over channels of
+// |in[:, s]| / 127, in = [hist | snake(x)] as above), and each tap's products summed exactly in
+// int32 before they are scaled:
+//   y[co, t] = bias[co] + sw[co] * sum over taps j of sx[t + j d] * (sum over ci of Wq * inq)
+//              (+ residual[co, t]).
+// The input's scale is per sample, so a chunking of the stream changes no result: frame by frame
+// equals a whole decode bit for bit. The tap sums are integers, so every loop gives the same ones,
+// and the scaling (here, in plain C, in one order) gives every build the same bits.
+//
+// Layouts (the bf16 ones with bytes for halves and quads for pairs):
+// - weights, packed once: [C_out / 16][k * C_in / 32][16][32] int8, as the bf16 tiles;
+// - input, packed each call: [C_in / 4][row][4] bytes, four channels interleaved sample by
+//   sample, plus sx[row]; a loop that multiplies unsigned by signed bytes (AVX-512 VNNI) stores
+//   each as q + I8_OFFSET, and the tap sums lose I8_OFFSET times the tap's weight sum (wsum).
+
+constexpr int64_t I8_TILE = 512;  // bytes of a weight tile: 16 channels by 32 inputs
+
+#if !defined(VO_AVX512_I8) && !defined(VO_NEON_I8)
+constexpr int32_t I8_OFFSET = 0;
+
+// The plain-C tap: acc[32][32] (channels by samples) = the int32 sums of tap j, for the 32
+// channels whose tiles start at w0 (the next 16 channels' kb_n tiles later), samples t0 .. t0 + 31.
+inline void conv_i8_tap(const int8_t* w0, int64_t kb_n, const uint8_t* xp, int64_t row, int64_t cb_n, int64_t j,
+                        int64_t d, int64_t t0, int32_t* acc) {
+    for (int64_t c = 0; c < 32; ++c) {
+        const int8_t* w = w0 + (c / 16) * kb_n * I8_TILE + (c % 16) * 32;
+        for (int64_t t = 0; t < 32; ++t) {
+            int32_t sum = 0;
+            for (int64_t cb = 0; cb < cb_n; ++cb)
+                for (int64_t e = 0; e < 32; ++e)
+                    sum += int32_t(w[(j * cb_n + cb) * I8_TILE + e]) *
+                           int32_t(int8_t(xp[((cb * 8 + e / 4) * row + t0 + j * d + t) * 4 + e % 4]));
+            acc[c * 32 + t] = sum;
+        }
+    }
+}
+#endif
+
+}  // namespace
+
+#if defined(VO_AVX512_I8)
+#include "arch/x86/conv_i8.h"
+#elif defined(VO_NEON_I8)
+#include "arch/arm/conv_i8.h"
+#endif
+
+namespace {
+
+// Rows [4 cq, 4 cq + 4) of in = [hist | snake(x)], samples [0, tail + T), into f (rows f_stride
+// floats apart), then zeros to fill samples; new_hist as pack_pair keeps it for bf16.
+void snake_quad(int64_t cq, const VoSeg& s, int64_t tail, int64_t fill, const float* snake_a, const float* snake_inv_b,
+                float* f, int64_t f_stride) {
+    const int64_t n = tail + s.T;
+    for (int p = 0; p < 4; ++p) {
+        const int64_t c = 4 * cq + p;
+        float* in = f + p * f_stride;
+        for (int64_t i = 0; i < tail; ++i) in[i] = s.hist != nullptr ? s.hist[c * tail + i] : 0.0f;
+        const float* xr = s.x + c * s.x_stride;
+        float* out = in + tail;
+        if (snake_a != nullptr) {
+            const float ac = snake_a[c], bc = snake_inv_b[c];
+#pragma omp simd
+            for (int64_t t = 0; t < s.T; ++t) out[t] = xr[t] + bc * sin2_reduced(ac * xr[t]);
+        } else if (s.T > 0) {
+            std::memcpy(out, xr, s.T * sizeof(float));
+        }
+        std::fill(in + n, in + fill, 0.0f);
+        if (s.new_hist != nullptr)
+            for (int64_t j = 0; j < tail; ++j) s.new_hist[c * tail + j] = in[n - tail + j];
+    }
+}
+
+// One thread's share of an int8 conv, inside a parallel region of every thread: the input through
+// SnakeBeta into f [C_in][row] (its quads of channels), then its samples' scales and bytes (by
+// blocks of samples), then its work items as conv_share's, each tap's sums scaled into y.
+void conv_i8_share(const ConvPlan& c, const int8_t* wq, const float* sw, const int32_t* wsum, float* f, uint8_t* xp,
+                   float* sx) {
+    const int64_t tail = c.tail(), row = c.row, cb_n = c.cin / 32, kb_n = c.k * cb_n;
+#pragma omp for schedule(static)
+    for (int64_t cq = 0; cq < c.cin / 4; ++cq)
+        for (size_t i = 0; i < c.seg.size(); ++i)
+            snake_quad(cq, c.seg[i], tail, tail + round_pairs(c.seg[i].T), c.snake_a, c.snake_inv_b,
+                       f + 4 * cq * row + c.off[i], row);
+    constexpr int64_t BLOCK = 64;
+#pragma omp for schedule(static)
+    for (int64_t b0 = 0; b0 < row; b0 += BLOCK) {
+        const int64_t n = std::min(BLOCK, row - b0);
+        float m[BLOCK] = {};
+        for (int64_t ci = 0; ci < c.cin; ++ci) {
+            const float* fr = f + ci * row + b0;
+            for (int64_t t = 0; t < n; ++t) m[t] = std::max(m[t], std::fabs(fr[t]));
+        }
+        float inv[BLOCK];
+        for (int64_t t = 0; t < n; ++t) {
+            sx[b0 + t] = m[t] / 127.0f;
+            inv[t] = m[t] > 0.0f ? 127.0f / m[t] : 0.0f;
+        }
+        for (int64_t cq = 0; cq < c.cin / 4; ++cq)
+            for (int64_t t = 0; t < n; ++t)
+                for (int p = 0; p < 4; ++p) {
+                    const float v = std::nearbyint(f[(4 * cq + p) * row + b0 + t] * inv[t]);
+                    xp[(cq * row + b0 + t) * 4 + p] = uint8_t(int32_t(std::min(127.0f, std::max(-127.0f, v))) + I8_OFFSET);
+                }
+    }
+    alignas(64) int32_t acc[32 * 32];
+    alignas(64) float sum[32 * 32];
+    const int64_t n_chunks = c.chunks.size(), items = c.cout / 32 * n_chunks;
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < items; ++item) {
+        const int64_t co0 = item / n_chunks * 32;
+        const ConvPlan::Chunk& ch = c.chunks[item % n_chunks];
+        const VoSeg& s = c.seg[ch.s];
+        const uint8_t* xs = xp + c.off[ch.s] * 4;
+        const float* ss = sx + c.off[ch.s];
+        for (int64_t t0 = ch.t0; t0 < ch.t1; t0 += T_PAIR) {
+            const int64_t n = std::min<int64_t>(T_PAIR, ch.t1 - t0);
+            std::fill(sum, sum + 32 * 32, 0.0f);
+            for (int64_t j = 0; j < c.k; ++j) {
+                conv_i8_tap(wq + co0 / 16 * kb_n * I8_TILE, kb_n, xs, row, cb_n, j, c.d, t0, acc);
+                const float* sj = ss + t0 + j * c.d;
+                for (int64_t r = 0; r < 32; ++r) {
+                    const int32_t off = I8_OFFSET * wsum[(co0 + r) * c.k + j];
+                    for (int64_t t = 0; t < n; ++t) sum[r * 32 + t] += float(acc[r * 32 + t] - off) * sj[t];
+                }
+            }
+            for (int64_t r = 0; r < 32; ++r) {
+                const int64_t co = co0 + r;
+                const float b = c.bias != nullptr ? c.bias[co] : 0.0f, scale = sw[co];
+                float* yr = s.y + co * s.y_stride + t0;
+                const float* rr = s.residual != nullptr ? s.residual + co * s.y_stride + t0 : nullptr;
+                for (int64_t t = 0; t < n; ++t) yr[t] = b + scale * sum[r * 32 + t] + (rr ? rr[t] : 0.0f);
+            }
+        }
+    }
+}
+
+// How a conv's products are made, for run_conv and run_tconv: prepare (the calling thread's
+// buffers, before the threads fork) and share (each thread's part, in the parallel region).
+struct Bf16Product {
+    const uint16_t* wp;
+    uint16_t* xp = nullptr;
+    const uint16_t* plan_weights() const { return wp; }
+    void prepare(const ConvPlan& c) { xp = conv_packed(c.cin * c.row); }
+    void share(const ConvPlan& c) const { conv_share(c, xp); }
+};
+
+struct I8Product {
+    const int8_t* wq;
+    const float* scale;
+    const int32_t* wsum;
+    float* f = nullptr;
+    uint8_t* xp = nullptr;
+    float* sx = nullptr;
+    const uint16_t* plan_weights() const { return nullptr; }
+    void prepare(const ConvPlan& c) {
+        static thread_local std::vector<float> fbuf, sbuf;
+        static thread_local std::vector<uint8_t> xbuf;
+        fbuf.resize(std::max<size_t>(fbuf.size(), c.cin * c.row));
+        xbuf.resize(std::max<size_t>(xbuf.size(), c.cin * c.row));
+        sbuf.resize(std::max<size_t>(sbuf.size(), c.row));
+        f = fbuf.data();
+        xp = xbuf.data();
+        sx = sbuf.data();
+    }
+    void share(const ConvPlan& c) const { conv_i8_share(c, wq, scale, wsum, f, xp, sx); }
+};
+
+// One conv (vo_conv_bf16, vo_conv_i8): checked, then one fork-join of the product's shares.
+template <class Product>
+int32_t run_conv(Product p, const ConvPlan& c, int32_t threads) {
+    const int32_t rc = c.check();
+    if (rc != 0 || c.samples() == 0) return rc;
+    p.prepare(c);
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads()) if (c.parallel())
+    p.share(c);
+    return 0;
+}
+
+// One causal transposed conv (kernel k = 2 * stride or stride, the last k - stride outputs
+// dropped) on n parts: each y [cout, T * stride] from its x [cin, T] through SnakeBeta where
+// snake_a is given, plus bias, with its hist [cout, k - stride] (null: zeros) the earlier input's
+// overlap; new_hist gets this call's. The product's weights are [cin, cout, k] as the 1x1 conv
+// [(tap, out), in] (packed as [k * cout, cin, 1]). The product and the overlap-add are one region.
+template <class Product>
+int32_t run_tconv(Product p, const float* bias, int64_t cout, int64_t cin, int64_t k, int64_t stride,
+                  const float* snake_a, const float* snake_inv_b, const VoSeg* segs, int64_t n, int32_t threads) {
+    if (stride < 1 || (k != stride && k != 2 * stride)) return -1;
+    std::vector<VoSeg> taps(segs, segs + n);
+    std::vector<int64_t> zoff;
+    int64_t total = 0;
+    for (auto& s : taps) {
+        zoff.push_back(total);
+        total += k * cout * s.T;
+    }
+    static thread_local std::vector<float> zbuf;
+    if (int64_t(zbuf.size()) < total) zbuf.resize(total);
+    float* z = zbuf.data();
+    for (int64_t i = 0; i < n; ++i) taps[i] = VoSeg{segs[i].x, segs[i].x_stride, segs[i].T, nullptr, nullptr,
+                                                    z + zoff[i], segs[i].T, nullptr};
+    const ConvPlan c(p.plan_weights(), nullptr, k * cout, cin, 1, 1, snake_a, snake_inv_b, taps.data(), n);
+    const int32_t rc = c.check();
+    if (rc != 0 || c.samples() == 0) return rc;
+    const int64_t over = k - stride;
+    p.prepare(c);
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads()) if (c.parallel())
+    {
+        p.share(c);
+#pragma omp for schedule(static) collapse(2)
+        for (int64_t i = 0; i < n; ++i)
+            for (int64_t co = 0; co < cout; ++co) {
+                const VoSeg& s = segs[i];
+                const int64_t T = s.T;
+                const float b = bias != nullptr ? bias[co] : 0.0f;
+                float* yr = s.y + co * (s.y_stride ? s.y_stride : T * stride);
+                for (int64_t p = 0; p < stride; ++p) {
+                    const float* now = z + zoff[i] + (p * cout + co) * T;  // input t's tap p lands at t * stride + p
+                    const float* before = z + zoff[i] + ((p + stride) * cout + co) * T;  // input t - 1's tap stride + p
+                    for (int64_t t = 0; t < T; ++t) {
+                        float v = now[t] + b;
+                        if (over) v += t > 0 ? before[t - 1] : (s.hist != nullptr ? s.hist[co * over + p] : 0.0f);
+                        yr[t * stride + p] = v;
+                    }
+                    if (over && s.new_hist != nullptr && T > 0) s.new_hist[co * over + p] = before[T - 1];
+                }
+            }
+    }
+    return 0;
+}
+
 // One part: x [cin, T] (x_stride), y (y_stride), nothing else.
 inline VoSeg part(const float* x, int64_t x_stride, int64_t T, float* y, int64_t y_stride,
                   const float* residual = nullptr) {
@@ -383,64 +621,66 @@ int32_t vo_conv_pack_bf16(const float* w, int64_t cout, int64_t cin, int64_t k, 
 // refused AMX.
 int32_t vo_conv_bf16(const uint16_t* wp, const float* bias, int64_t cout, int64_t cin, int64_t k, int64_t d,
                      const float* snake_a, const float* snake_inv_b, const VoSeg* segs, int64_t n, int32_t threads) {
-    const ConvPlan c(wp, bias, cout, cin, k, d, snake_a, snake_inv_b, segs, n);
-    const int32_t rc = c.check();
-    if (rc != 0 || c.samples() == 0) return rc;
-    uint16_t* xp = conv_packed(cin * c.row);
-#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads()) if (c.parallel())
-    conv_share(c, xp);
+    return run_conv(Bf16Product{wp}, ConvPlan(wp, bias, cout, cin, k, d, snake_a, snake_inv_b, segs, n), threads);
+}
+
+// Which loop the int8 convolutions run: 1 AVX-512 VNNI, 4 NEON dot product, 0 plain C (a
+// reference, slow).
+int32_t vo_conv_i8_path() {
+#if defined(VO_AVX512_I8)
+    return 1;
+#elif defined(VO_NEON_I8)
+    return 4;
+#else
+    return 0;
+#endif
+}
+
+// Round conv weights w [cout, cin, k] (fp32) to int8 per output channel: out (cout * cin * k
+// bytes, the layout of the int8 section), scale[cout] and wsum[cout * k] (each tap's sum of one
+// channel's int8 weights).
+int32_t vo_conv_pack_i8(const float* w, int64_t cout, int64_t cin, int64_t k, int8_t* out, float* scale,
+                        int32_t* wsum) {
+    if (cout % 32 != 0 || cin % 32 != 0 || k < 1) return -1;
+    const int64_t cb_n = cin / 32, kb_n = k * cb_n;
+    for (int64_t co = 0; co < cout; ++co) {
+        float m = 0.0f;
+        for (int64_t i = 0; i < cin * k; ++i) m = std::max(m, std::fabs(w[co * cin * k + i]));
+        scale[co] = m / 127.0f;
+        const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+        for (int64_t j = 0; j < k; ++j) {
+            int32_t sum = 0;
+            for (int64_t ci = 0; ci < cin; ++ci) {
+                const int32_t q = int32_t(std::min(127.0f, std::max(-127.0f, std::nearbyint(w[(co * cin + ci) * k + j] * inv))));
+                out[(((co / 16) * kb_n + j * cb_n + ci / 32) * 16 + co % 16) * 32 + ci % 32] = int8_t(q);
+                sum += q;
+            }
+            wsum[co * k + j] = sum;
+        }
+    }
     return 0;
 }
 
-// One causal transposed conv (kernel k = 2 * stride or stride, the last k - stride outputs
-// dropped) on n parts: each y [cout, T * stride] from its x [cin, T] through SnakeBeta where
-// snake_a is given, plus bias, with its hist [cout, k - stride] (null: zeros) the earlier input's
-// overlap; new_hist gets this call's. wp: the weights [cin, cout, k] as the 1x1 conv
-// [(tap, out), in] (packed by vo_conv_pack_bf16 as [k * cout, cin, 1]). The product and the
-// overlap-add are one region.
+// vo_conv_bf16 with int8 products (the int8 section above): weights from vo_conv_pack_i8.
+int32_t vo_conv_i8(const int8_t* wq, const float* scale, const int32_t* wsum, const float* bias, int64_t cout,
+                   int64_t cin, int64_t k, int64_t d, const float* snake_a, const float* snake_inv_b, const VoSeg* segs,
+                   int64_t n, int32_t threads) {
+    return run_conv(I8Product{wq, scale, wsum}, ConvPlan(nullptr, bias, cout, cin, k, d, snake_a, snake_inv_b, segs, n),
+                    threads);
+}
+
+// One causal transposed conv in bf16 (run_tconv): wp, the weights [cin, cout, k] as the 1x1 conv
+// [(tap, out), in] packed by vo_conv_pack_bf16 as [k * cout, cin, 1].
 int32_t vo_tconv_bf16(const uint16_t* wp, const float* bias, int64_t cout, int64_t cin, int64_t k, int64_t stride,
                       const float* snake_a, const float* snake_inv_b, const VoSeg* segs, int64_t n, int32_t threads) {
-    if (stride < 1 || (k != stride && k != 2 * stride)) return -1;
-    std::vector<VoSeg> taps(segs, segs + n);
-    std::vector<int64_t> zoff;
-    int64_t total = 0;
-    for (auto& s : taps) {
-        zoff.push_back(total);
-        total += k * cout * s.T;
-    }
-    static thread_local std::vector<float> zbuf;
-    if (int64_t(zbuf.size()) < total) zbuf.resize(total);
-    float* z = zbuf.data();
-    for (int64_t i = 0; i < n; ++i) taps[i] = VoSeg{segs[i].x, segs[i].x_stride, segs[i].T, nullptr, nullptr,
-                                                    z + zoff[i], segs[i].T, nullptr};
-    const ConvPlan c(wp, nullptr, k * cout, cin, 1, 1, snake_a, snake_inv_b, taps.data(), n);
-    const int32_t rc = c.check();
-    if (rc != 0 || c.samples() == 0) return rc;
-    const int64_t over = k - stride;
-    uint16_t* xp = conv_packed(cin * c.row);
-#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads()) if (c.parallel())
-    {
-        conv_share(c, xp);
-#pragma omp for schedule(static) collapse(2)
-        for (int64_t i = 0; i < n; ++i)
-            for (int64_t co = 0; co < cout; ++co) {
-                const VoSeg& s = segs[i];
-                const int64_t T = s.T;
-                const float b = bias != nullptr ? bias[co] : 0.0f;
-                float* yr = s.y + co * (s.y_stride ? s.y_stride : T * stride);
-                for (int64_t p = 0; p < stride; ++p) {
-                    const float* now = z + zoff[i] + (p * cout + co) * T;  // input t's tap p lands at t * stride + p
-                    const float* before = z + zoff[i] + ((p + stride) * cout + co) * T;  // input t - 1's tap stride + p
-                    for (int64_t t = 0; t < T; ++t) {
-                        float v = now[t] + b;
-                        if (over) v += t > 0 ? before[t - 1] : (s.hist != nullptr ? s.hist[co * over + p] : 0.0f);
-                        yr[t * stride + p] = v;
-                    }
-                    if (over && s.new_hist != nullptr && T > 0) s.new_hist[co * over + p] = before[T - 1];
-                }
-            }
-    }
-    return 0;
+    return run_tconv(Bf16Product{wp}, bias, cout, cin, k, stride, snake_a, snake_inv_b, segs, n, threads);
+}
+
+// vo_tconv_bf16 with int8 products: wq, scale and wsum from vo_conv_pack_i8 of the same [k * cout, cin, 1].
+int32_t vo_tconv_i8(const int8_t* wq, const float* scale, const int32_t* wsum, const float* bias, int64_t cout,
+                    int64_t cin, int64_t k, int64_t stride, const float* snake_a, const float* snake_inv_b,
+                    const VoSeg* segs, int64_t n, int32_t threads) {
+    return run_tconv(I8Product{wq, scale, wsum}, bias, cout, cin, k, stride, snake_a, snake_inv_b, segs, n, threads);
 }
 
 // The decoder's last conv (few output channels: 96 -> 1), in fp32: y [cout, T] from x [cin, T]

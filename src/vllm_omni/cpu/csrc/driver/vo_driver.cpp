@@ -15,6 +15,7 @@
 //   4 conv      i64 cout, i64 cin, i64 k, i64 d, i64 T, float w[cout*cin*k], float bias[cout],
 //               float hist[cin*(k-1)*d], float x[cin*T], float a[cin], float inv_b[cin]
 //               -> vo_conv_bf16's y[cout*T] (SnakeBeta first), then its new history[cin*(k-1)*d]
+//   5 int8 conv the fields of 4 -> vo_conv_i8's y[cout*T], then its new history
 // Every case runs with 2 threads. Exit status: 0, 2 for a bad case file, 3 when the kernel refused it.
 //
 // --serve reads requests, each a 32-bit verb then its fields (little-endian), and answers on stdout:
@@ -57,6 +58,11 @@ struct VoSeg {
 int32_t vo_conv_pack_bf16(const float* w, int64_t cout, int64_t cin, int64_t k, uint16_t* out);
 int32_t vo_conv_bf16(const uint16_t* wp, const float* bias, int64_t cout, int64_t cin, int64_t k, int64_t d,
                      const float* snake_a, const float* snake_inv_b, const VoSeg* segs, int64_t n, int32_t threads);
+int32_t vo_conv_pack_i8(const float* w, int64_t cout, int64_t cin, int64_t k, int8_t* out, float* scale,
+                        int32_t* wsum);
+int32_t vo_conv_i8(const int8_t* wq, const float* scale, const int32_t* wsum, const float* bias, int64_t cout,
+                   int64_t cin, int64_t k, int64_t d, const float* snake_a, const float* snake_inv_b, const VoSeg* segs,
+                   int64_t n, int32_t threads);
 int32_t vo_isa();
 struct VoStack;
 int32_t vo_stack_forward_rows(const VoStack* stp, const float* x, int32_t T, const int32_t* pos, void* const* kv,
@@ -204,24 +210,35 @@ int main(int argc, char** argv) {
             out.resize(size_t(C * T));
             vo_snake(x.data(), out.data(), C, T, a.data(), b.data(), THREADS);
         }
-    } else if (kind == 4) {
+    } else if (kind == 4 || kind == 5) {
         const int64_t cout = r.get<int64_t>(), cin = r.get<int64_t>(), k = r.get<int64_t>(), d = r.get<int64_t>();
         const int64_t T = r.get<int64_t>(), tail = (k - 1) * d;
         const auto w = r.many<float>(cout * cin * k), bias = r.many<float>(cout), hist = r.many<float>(cin * tail);
         const auto x = r.many<float>(cin * T), a = r.many<float>(cin), b = r.many<float>(cin);
         if (r.ok) {
-            std::vector<uint16_t> packed(size_t(cout * cin * k));
             out.resize(size_t(cout * T + cin * tail));
             const VoSeg seg{x.data(), T, T, hist.data(), nullptr, out.data(), T, out.data() + cout * T};
-            rc = vo_conv_pack_bf16(w.data(), cout, cin, k, packed.data());
-            if (rc == 0) rc = vo_conv_bf16(packed.data(), bias.data(), cout, cin, k, d, a.data(), b.data(), &seg, 1, THREADS);
+            if (kind == 4) {
+                std::vector<uint16_t> packed(size_t(cout * cin * k));
+                rc = vo_conv_pack_bf16(w.data(), cout, cin, k, packed.data());
+                if (rc == 0)
+                    rc = vo_conv_bf16(packed.data(), bias.data(), cout, cin, k, d, a.data(), b.data(), &seg, 1, THREADS);
+            } else {
+                std::vector<int8_t> packed(size_t(cout * cin * k));
+                std::vector<float> scale(cout);
+                std::vector<int32_t> wsum(cout * k);
+                rc = vo_conv_pack_i8(w.data(), cout, cin, k, packed.data(), scale.data(), wsum.data());
+                if (rc == 0)
+                    rc = vo_conv_i8(packed.data(), scale.data(), wsum.data(), bias.data(), cout, cin, k, d, a.data(),
+                                    b.data(), &seg, 1, THREADS);
+            }
         }
     } else {
         r.ok = false;
     }
     std::fclose(in);
     if (!r.ok) {
-        std::fprintf(stderr, "vo_driver: %s is not a case file of kind 0-4 (kind %d), or it is cut short\n", argv[1],
+        std::fprintf(stderr, "vo_driver: %s is not a case file of kind 0-5 (kind %d), or it is cut short\n", argv[1],
                      kind);
         return 2;
     }
