@@ -95,7 +95,7 @@ def _run(args: argparse.Namespace) -> int:
     # bf16 where its convs are native in this build (not PyTorch's, which another build cannot change)
     precisions = ("fp32",) + (("bf16",) if bf16_helps() and (args.build == "native" or conv.available()) else ()) + (
         ("int8",) if int8_helps() else ())
-    rows, matmul = [], {}
+    rows, matmul, snr, ref = [], {}, {}, None
     for precision in precisions:
         dec = StreamingDecoder(ck.decoder, ck.config.decoder, precision)
         stages = dec.stages()
@@ -110,9 +110,12 @@ def _run(args: argparse.Namespace) -> int:
             for _ in range(repeats):
                 dec.reset()
                 times: dict[str, float] = {}
-                for a in range(0, frames, CHUNK):
-                    dec.push(codes[a:a + CHUNK], times)
+                audio = torch.cat([dec.push(codes[a:a + CHUNK], times) for a in range(0, frames, CHUNK)])
                 runs.append(times)
+            if ref is None:
+                ref = audio  # fp32: what the other precisions are held to
+            elif precision not in snr:
+                snr[precision] = round(float(10 * torch.log10(ref.pow(2).sum() / (audio - ref).pow(2).sum())), 1)
             ms = {name: statistics.median(r[name] for r in runs) * 1e3 / frames for name, _ in stages}
             whole = sum(ms.values())
             for name, macs in [*stages, ("whole decoder", total_macs)]:
@@ -140,13 +143,14 @@ def _run(args: argparse.Namespace) -> int:
         threads=",".join(map(str, counts)), source="vllm-omni-bench decoder-split",
         compare={"tolerance": 0.25, "key_columns": ["setting"], "columns": ["ms per frame"]},
         run={"frames": frames, "frames_per_call": CHUNK, "repeats": repeats, "matmul_size": MATMUL,
-             "matmul_gmacs": matmul, "build": args.build, "conv_loops": {"bf16": conv.path(), "int8": conv.int8_path()}},
+             "matmul_gmacs": matmul, "snr_vs_fp32_db": snr, "build": args.build, "conv_loops": {"bf16": conv.path(), "int8": conv.int8_path()}},
         notes=("Median ms per frame of each stage of StreamingDecoder.push over run.repeats utterances of "
                "run.frames random codes, pushed run.frames_per_call frames a call. Multiply-adds per frame: the "
                "products of the stage's weights (StreamingDecoder.stages; attention's own products, a few per "
                "cent of the transformer's, left out). Rate: those over the stage's time. Of a large matmul: that "
                "rate over the best rate of a run.matmul_size-cubed matrix product in the same precision and "
-               "thread count timed in the same run (run.matmul_gmacs, GMAC/s). Random weights: speed does not "
-               "depend on the values.") + (" Quick mode: a shallow checkpoint, not a figure." if args.quick else ""),
+               "thread count timed in the same run (run.matmul_gmacs, GMAC/s). run.snr_vs_fp32_db: each lossy "
+               "precision's audio over its difference from the fp32 decode of the same codes (dB). Random weights: "
+               "speed does not depend on the values; how far a precision strays from fp32 may.") + (" Quick mode: a shallow checkpoint, not a figure." if args.quick else ""),
     )
     return 0
