@@ -112,8 +112,8 @@ def _run(args: argparse.Namespace) -> int:
                 times: dict[str, float] = {}
                 audio = torch.cat([dec.push(codes[a:a + CHUNK], times) for a in range(0, frames, CHUNK)])
                 runs.append(times)
-            if ref is None:
-                ref = audio  # fp32: what the other precisions are held to
+            if precision == "fp32":
+                ref = audio if ref is None else ref  # what the other precisions are held to
             elif precision not in snr:
                 snr[precision] = round(float(10 * torch.log10(ref.pow(2).sum() / (audio - ref).pow(2).sum())), 1)
             ms = {name: statistics.median(r[name] for r in runs) * 1e3 / frames for name, _ in stages}

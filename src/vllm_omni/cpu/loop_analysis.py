@@ -9,9 +9,11 @@ before any memory, cache or thread effect.
 
 How: the kernels are compiled to assembly for the core (``-DVO_MCA_MARKERS`` marks the body
 of each tile loop: one int4 or int8 group of 32 inputs for a tile of 32 rows in the SIMD
-builds, one row's group in the plain C), and ``llvm-mca`` runs each marked region on that
+builds, one row's group in the plain C; and the decoder's int8 convolution, 32 inputs of a
+tap for a block of channels and samples), and ``llvm-mca`` runs each marked region on that
 core's model. A region inlined into several callers is analysed in each, and the median is
-kept. Bytes per cycle are the weight bytes one pass reads (``REGION_BYTES``) over its cycles.
+kept. Bytes per cycle are the weight bytes one pass reads (``REGION_BYTES``) over its cycles;
+for the convolution, multiply-adds per cycle (``REGION_MACS``), since its weights stay in cache.
 
 The method is checked on this host first: ``vllm-omni-bench loop-analysis`` sets the x86
 loops' predicted rates beside the same loops' measured rates from ``vllm-omni-bench gemv``
@@ -35,6 +37,9 @@ from vllm_omni.cpu.native import CSRC, SOURCES
 # bytes and 32 fp16 scales (576); an int8 group is 32 x 32 bytes (its row scales are read per tile);
 # the plain C walks one row of a group at a time (16 + 2 and 32 bytes)
 REGION_BYTES = {"q4_group": 576, "q4_row": 18, "q8_group": 1024, "q8_row": 32}
+# multiply-adds one pass over a marked convolution region makes: 32 inputs for 8 channels by 32
+# samples (AVX-512 VNNI), or for 4 channels by 16 samples (ARM's SDOT)
+REGION_MACS = {"i8_conv_vnni": 8192, "i8_conv_sdot": 2048}
 MCA_CANDIDATES = ("llvm-mca-19", "llvm-mca")
 
 
@@ -94,14 +99,14 @@ def mca_version(tool: str) -> str:
     return found.group(1) if found else out.strip().splitlines()[0]
 
 
-def assembly(build: Build) -> str:
-    """The kernels compiled to assembly for ``build`` with their loop regions marked."""
+def assembly(build: Build, source: str = SOURCES[0]) -> str:
+    """One source of the kernels (``native.SOURCES``) compiled to assembly for ``build``, its loop regions marked."""
     if shutil.which(build.compiler) is None:
         raise AnalysisError(f"{build.compiler} not found (Debian: g++ or g++-aarch64-linux-gnu)")
     with tempfile.TemporaryDirectory(prefix="vo-mca-") as tmp:
         out = Path(tmp) / "kernels.s"
         cmd = [build.compiler, "-O3", "-std=c++17", "-fopenmp", "-fno-math-errno", "-DVO_MCA_MARKERS", *build.flags,
-               "-S", str(CSRC / SOURCES[0]), "-o", str(out)]
+               "-S", str(CSRC / source), "-o", str(out)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise AnalysisError(f"compiling for {build.name} failed:\n$ {' '.join(cmd)}\n{proc.stderr[-3000:]}")
@@ -127,8 +132,9 @@ def parse_regions(report: str) -> dict[str, list[float]]:
 
 
 def analyse(build: Build, iterations: int = 200) -> dict[str, dict[str, float]]:
-    """{region: {"cycles": median cycles per iteration, "bytes_per_cycle": ..., "copies": n}} for ``build``
-    (computed once per process: a build's compile and model take seconds, and the sources do not change)."""
+    """{region: {"cycles": median cycles per iteration, "bytes_per_cycle" (or, for a convolution,
+    "macs_per_cycle"): ..., "copies": n}} for ``build``, over every source (computed once per process: a
+    build's compile and model take seconds, and the sources do not change)."""
     return {name: dict(values) for name, values in _analyse(build, iterations)}
 
 
@@ -137,17 +143,20 @@ def _analyse(build: Build, iterations: int) -> tuple[tuple[str, tuple[tuple[str,
     tool = mca()
     if tool is None:
         raise AnalysisError("llvm-mca not found (Debian: llvm-19, or llvm)")
-    asm = assembly(build)
     cmd = [tool, f"-mtriple={build.triple}", f"-mcpu={build.mcpu}", f"-iterations={iterations}"]
     if build.mattr:
         cmd.append(f"-mattr={build.mattr}")
-    proc = subprocess.run(cmd, input=asm, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        raise AnalysisError(f"llvm-mca for {build.name} failed: {proc.stderr.strip()[-2000:]}")
     out = []
-    for name, values in parse_regions(proc.stdout).items():
-        if name in REGION_BYTES:
+    for source in SOURCES:
+        proc = subprocess.run(cmd, input=assembly(build, source), capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise AnalysisError(f"llvm-mca for {build.name} ({source}) failed: {proc.stderr.strip()[-2000:]}")
+        for name, values in parse_regions(proc.stdout).items():
             cycles = statistics.median(values)
-            out.append((name, (("cycles", cycles), ("bytes_per_cycle", REGION_BYTES[name] / cycles),
-                               ("copies", len(values)))))
+            if name in REGION_BYTES:
+                out.append((name, (("cycles", cycles), ("bytes_per_cycle", REGION_BYTES[name] / cycles),
+                                   ("copies", len(values)))))
+            elif name in REGION_MACS:
+                out.append((name, (("cycles", cycles), ("macs_per_cycle", REGION_MACS[name] / cycles),
+                                   ("copies", len(values)))))
     return tuple(out)

@@ -98,8 +98,10 @@ def _cpu_flags() -> str:
 
 
 def _build_key(cxx: str, flags: tuple[str, ...], sources: tuple[Path, ...]) -> str:
+    """The build's name: its sources, every header they may include (``csrc``'s, so that an edit of an
+    ISA file alone makes a new build), the flags and the compiler."""
     h = hashlib.sha256()
-    for path in sources:
+    for path in (*sources, *sorted(CSRC.rglob("*.h"))):
         h.update(path.read_bytes())
     h.update(" ".join(flags).encode())
     try:

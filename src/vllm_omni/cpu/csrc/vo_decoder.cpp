@@ -26,6 +26,8 @@
 
 #include <omp.h>
 
+#include "mca.h"  // VO_MCA_BEGIN / VO_MCA_END: the loop bodies llvm-mca analyses
+
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define VO_AMX_BF16 1
 #include <sys/syscall.h>
