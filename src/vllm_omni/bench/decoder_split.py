@@ -151,6 +151,8 @@ def _run(args: argparse.Namespace) -> int:
                "rate over the best rate of a run.matmul_size-cubed matrix product in the same precision and "
                "thread count timed in the same run (run.matmul_gmacs, GMAC/s). run.snr_vs_fp32_db: each lossy "
                "precision's audio over its difference from the fp32 decode of the same codes (dB). Random weights: "
-               "speed does not depend on the values; how far a precision strays from fp32 may.") + (" Quick mode: a shallow checkpoint, not a figure." if args.quick else ""),
+               "speed does not depend on the values; how far a precision strays from fp32 may.") + (
+               f" Built as {args.build} (run.build): the decoder's native loops are those of run.conv_loops; the large "
+               "matmul is PyTorch's on this CPU whatever the build." if args.build != "native" else "") + (" Quick mode: a shallow checkpoint, not a figure." if args.quick else ""),
     )
     return 0

@@ -177,7 +177,7 @@ def build(command: str) -> list[dict[str, Any]]:
                   "Rapids cores; 'measured' is the median one-thread GEMV rate with the weights in L2, and 'core "
                   "clock' the mean of that run's clock readings. The ARM rows are the NEON dot-product build "
                   "(-mcpu of each core); no ARM figure is a measurement. Predicted and measured are GB/s of weights "
-                  "for the GEMV loops, GMAC/s for the int8 conv ('int8 conv' rows: one pass is 32 inputs of a tap "
+                  "for the GEMV loops, GMAC/s for the int8 conv ('int8 conv' rows: one pass is four inputs of a tap "
                   "for a block of channels and samples, its weights in cache; measured is the fastest DecoderBlock "
                   f"of the int8 decoder at one thread in {INT8_DECODER_ARTIFACT}, its SnakeBeta, packing and "
                   "scaling included)."),

@@ -9,7 +9,7 @@ before any memory, cache or thread effect.
 
 How: the kernels are compiled to assembly for the core (``-DVO_MCA_MARKERS`` marks the body
 of each tile loop: one int4 or int8 group of 32 inputs for a tile of 32 rows in the SIMD
-builds, one row's group in the plain C; and the decoder's int8 convolution, 32 inputs of a
+builds, one row's group in the plain C; and the decoder's int8 convolution, four inputs of a
 tap for a block of channels and samples), and ``llvm-mca`` runs each marked region on that
 core's model. A region inlined into several callers is analysed in each, and the median is
 kept. Bytes per cycle are the weight bytes one pass reads (``REGION_BYTES``) over its cycles;
@@ -37,9 +37,9 @@ from vllm_omni.cpu.native import CSRC, SOURCES
 # bytes and 32 fp16 scales (576); an int8 group is 32 x 32 bytes (its row scales are read per tile);
 # the plain C walks one row of a group at a time (16 + 2 and 32 bytes)
 REGION_BYTES = {"q4_group": 576, "q4_row": 18, "q8_group": 1024, "q8_row": 32}
-# multiply-adds one pass over a marked convolution region makes: 32 inputs for 8 channels by 32
-# samples (AVX-512 VNNI), or for 4 channels by 16 samples (ARM's SDOT)
-REGION_MACS = {"i8_conv_vnni": 8192, "i8_conv_sdot": 2048}
+# multiply-adds one pass over a marked convolution region makes: 4 inputs (one byte quad) for 8
+# channels by 32 samples (AVX-512 VNNI), or for 4 channels by 16 samples (ARM's SDOT)
+REGION_MACS = {"i8_conv_vnni": 1024, "i8_conv_sdot": 256}
 MCA_CANDIDATES = ("llvm-mca-19", "llvm-mca")
 
 

@@ -21,8 +21,12 @@ BF16, ``vllm_omni.cpu.conv``) every bf16 stage is a few native calls: each conv 
 SnakeBeta, history, bias and residual folded in, the last blocks' ResidualUnits in time tiles,
 each ConvNeXt block one call, the transformer one call; elsewhere bf16 runs the long convs in
 PyTorch's bf16. bf16 is about 37 dB signal over difference from the fp32 decode on random weights
-of the published shapes (``vllm-omni-bench speak`` records it). ``push_streams`` decodes several
-streams in one pass of those calls, each with its own state.
+of the published shapes (``vllm-omni-bench speak`` records it). ``precision="int8"``, for CPUs that
+multiply int8 but not bf16 (AVX-512 VNNI, ARM's dot product), runs the four DecoderBlocks' convs
+with int8 products (``conv.Int8Conv``, ``conv.Int8TransConv``), the stages before them as bf16 where
+native, else fp32: about 25 dB from the fp32 decode on random weights (``vllm-omni-bench
+decoder-split`` records it). ``push_streams`` decodes several streams in one pass of those calls,
+each with its own state.
 
 ``push`` takes any number of frames, so a caller chooses its chunking (one frame for the first
 audio, more per call later); the output does not depend on it beyond rounding. The official
@@ -557,7 +561,7 @@ class StreamingDecoder:
     @property
     def streams_together(self) -> bool:
         """Whether ``push_streams`` decodes several streams in one pass of native calls (every stage
-        native: the bf16 decoder where the CPU multiplies bf16), rather than one stream after another."""
+        native: the bf16 or int8 decoder where the CPU multiplies bf16), rather than one stream after another."""
         return self.native_transformer is not None and all(
             c.native is not None for c in self._convs() if getattr(c, "groups", 1) == 1) and all(
             up["native"] is not None for up in self.upsample)

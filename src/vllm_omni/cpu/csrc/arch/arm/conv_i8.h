@@ -24,10 +24,10 @@ inline void conv_i8_tap(const int8_t* w0, int64_t kb_n, const uint8_t* xp, int64
             for (auto& r : s)
                 for (auto& v : r) v = vdupq_n_s32(0);
             for (int64_t cb = 0; cb < cb_n; ++cb) {
-                VO_MCA_BEGIN("i8_conv_sdot");  // 32 inputs for 4 channels by 16 samples: 2048 multiply-adds
                 const int8_t* wt = w + (j * cb_n + cb) * I8_TILE;
                 const int8_t* b = (const int8_t*)xp + (cb * 8 * row + t0 + j * d + h) * 4;
                 for (int kk = 0; kk < 8; ++kk) {
+                    VO_MCA_BEGIN("i8_conv_sdot");  // 4 inputs for 4 channels by 16 samples: 256 multiply-adds
                     const int8_t* bk = b + kk * row * 4;
                     const int8x16_t x[4] = {vld1q_s8(bk), vld1q_s8(bk + 16), vld1q_s8(bk + 32), vld1q_s8(bk + 48)};
                     for (int r = 0; r < 4; ++r) {
@@ -36,8 +36,8 @@ inline void conv_i8_tap(const int8_t* w0, int64_t kb_n, const uint8_t* xp, int64
                         const int8x16_t wv = vreinterpretq_s8_s32(vdupq_n_s32(quad));
                         for (int q = 0; q < 4; ++q) s[r][q] = vdotq_s32(s[r][q], x[q], wv);
                     }
+                    VO_MCA_END();
                 }
-                VO_MCA_END();
             }
             for (int r = 0; r < 4; ++r)
                 for (int q = 0; q < 4; ++q) vst1q_s32(acc + (c4 + r) * 32 + h + 4 * q, s[r][q]);

@@ -22,10 +22,10 @@ inline void conv_i8_tap(const int8_t* w0, int64_t kb_n, const uint8_t* xp, int64
         __m512i c[8][2];
         for (auto& r : c) r[0] = r[1] = _mm512_setzero_si512();
         for (int64_t cb = 0; cb < cb_n; ++cb) {
-            VO_MCA_BEGIN("i8_conv_vnni");  // 32 inputs for 8 channels by 32 samples: 8192 multiply-adds
             const int8_t* wt = w + (j * cb_n + cb) * I8_TILE;
             const uint8_t* b = xp + (cb * 8 * row + t0 + j * d) * 4;
             for (int kk = 0; kk < 8; ++kk) {
+                VO_MCA_BEGIN("i8_conv_vnni");  // 4 inputs for 8 channels by 32 samples: 1024 multiply-adds
                 const __m512i x0 = _mm512_loadu_si512(b + kk * row * 4);
                 const __m512i x1 = _mm512_loadu_si512(b + kk * row * 4 + 64);
                 for (int r = 0; r < 8; ++r) {
@@ -35,8 +35,8 @@ inline void conv_i8_tap(const int8_t* w0, int64_t kb_n, const uint8_t* xp, int64
                     c[r][0] = _mm512_dpbusd_epi32(c[r][0], x0, wv);
                     c[r][1] = _mm512_dpbusd_epi32(c[r][1], x1, wv);
                 }
+                VO_MCA_END();
             }
-            VO_MCA_END();
         }
         for (int r = 0; r < 8; ++r) {
             _mm512_storeu_si512(acc + (c8 + r) * 32, c[r][0]);
