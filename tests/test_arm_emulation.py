@@ -89,11 +89,14 @@ def test_swiglu_sampling_uniforms_and_snake_equal_the_generic_build(arm):
     assert np.abs(got - (x + b[:, None] * np.sin(a[:, None] * x) ** 2)).max() < 1e-5
 
 
-def test_the_decoders_bf16_conv_equals_the_x86_builds(arm):
-    """The decoder's bf16 conv (SnakeBeta, history, bias) under emulation: the plain C loop of the
-    Armv8.0 and Armv8.2-A builds gives the x86 plain C build's bits; the Armv8.6-A build's BFDOT loop
-    sums the same products in another order (and BFDOT's own rounding), so it is held to the host's
-    AMX or AVX-512 result within 1e-5 of the largest output, as the x86 loops are to each other."""
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_the_decoders_convs_equal_the_x86_builds(arm, precision):
+    """The decoder's native conv (SnakeBeta, history, bias) under emulation. bf16: the plain C loop of
+    the Armv8.0 and Armv8.2-A builds gives the x86 plain C build's bits; the Armv8.6-A build's BFDOT
+    loop sums the same products in another order (and BFDOT's own rounding), so it is held to the
+    host's AMX or AVX-512 result within 1e-5 of the largest output, as the x86 loops are to each
+    other. int8: the dot-product loop (Armv8.2-A and later) and the plain C sum the same integers as
+    the x86 plain C build and scale them in its order, so every core gives its bits."""
     from vllm_omni.cpu import conv
 
     rng = np.random.default_rng(11)
@@ -102,48 +105,22 @@ def test_the_decoders_bf16_conv_equals_the_x86_builds(arm):
     bias, hist = rng.standard_normal(cout).astype(np.float32), rng.standard_normal((cin, (k - 1) * d)).astype(np.float32)
     x = rng.standard_normal((cin, t)).astype(np.float32)
     a, ib = rng.uniform(0.5, 1.5, cin).astype(np.float32), rng.uniform(0, 1, cin).astype(np.float32)
-    out = arm(cross.conv_case(w, bias, hist, x, a, ib, d))
+    out = arm(cross.conv_case(w, bias, hist, x, a, ib, d, precision=precision))
     y, new_hist = out[:cout * t].reshape(cout, t), out[cout * t:].reshape(cin, -1)
+    kind, fast = (conv.Bf16Conv, conv.available()) if precision == "bf16" else (conv.Int8Conv, conv.int8_available())
 
     def host(variant):
-        c = conv.Bf16Conv(torch.from_numpy(w), torch.from_numpy(bias), d, variant=variant)
+        c = kind(torch.from_numpy(w), torch.from_numpy(bias), d, variant=variant)
         got, h = c(torch.from_numpy(x), torch.from_numpy(hist), (torch.from_numpy(a), torch.from_numpy(ib)))
         return got.numpy(), h.numpy()
 
     plain, plain_hist = host("generic")
     assert np.array_equal(new_hist, plain_hist)
-    if arm.target == "armv8.6-a+i8mm+bf16":
+    if precision == "bf16" and arm.target == "armv8.6-a+i8mm+bf16":
         assert np.abs(y - plain).max() <= 1e-5 * np.abs(plain).max() and not np.array_equal(y, plain)
     else:
         assert np.array_equal(y, plain)
-    if conv.available():
-        assert np.abs(y - host("native")[0]).max() <= 1e-5 * np.abs(plain).max()
-
-
-def test_the_decoders_int8_conv_is_the_x86_plain_c_bits_on_every_core(arm):
-    """The decoder's int8 conv (weights per channel, inputs per sample after SnakeBeta, each tap's
-    integer sums scaled): the dot-product loop (Armv8.2-A and later) and the plain C (Armv8.0) sum the
-    same integers as the x86 plain C build and scale them in its order, so every core gives its bits;
-    and this host's own loop is within the float scaling's fusing of them."""
-    from vllm_omni.cpu import conv
-
-    rng = np.random.default_rng(13)
-    cout, cin, k, d, t = 64, 96, 7, 3, 40
-    w = (rng.standard_normal((cout, cin, k)) / np.sqrt(cin * k)).astype(np.float32)
-    bias, hist = rng.standard_normal(cout).astype(np.float32), rng.standard_normal((cin, (k - 1) * d)).astype(np.float32)
-    x = rng.standard_normal((cin, t)).astype(np.float32)
-    a, ib = rng.uniform(0.5, 1.5, cin).astype(np.float32), rng.uniform(0, 1, cin).astype(np.float32)
-    out = arm(cross.conv_case(w, bias, hist, x, a, ib, d, precision="int8"))
-    y, new_hist = out[:cout * t].reshape(cout, t), out[cout * t:].reshape(cin, -1)
-
-    def host(variant):
-        c = conv.Int8Conv(torch.from_numpy(w), torch.from_numpy(bias), d, variant=variant)
-        got, h = c(torch.from_numpy(x), torch.from_numpy(hist), (torch.from_numpy(a), torch.from_numpy(ib)))
-        return got.numpy(), h.numpy()
-
-    plain, plain_hist = host("generic")
-    assert np.array_equal(y, plain) and np.array_equal(new_hist, plain_hist)
-    if conv.int8_available():
+    if fast:
         assert np.abs(y - host("native")[0]).max() <= 1e-5 * np.abs(plain).max()
 
 

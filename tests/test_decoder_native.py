@@ -31,6 +31,8 @@ from vllm_omni.tts.random_checkpoint import write_random_checkpoint  # noqa: E40
 
 HARDWARE = pytest.mark.skipif(not conv.available(), reason="this CPU has neither AMX nor AVX-512 BF16: the decoder "
                               "keeps PyTorch's bf16 convolutions, and the native loop here is the plain-C reference")
+INT8 = pytest.mark.skipif(not conv.int8_available(), reason="this CPU multiplies int8 in neither AVX-512 VNNI nor "
+                          "ARM's dot product: the int8 decoder is refused here, its loop being the plain-C reference")
 SUM_ORDER = 1e-5  # of the largest |output|: fp32 sums of the same products in another order
 SNAKE_ROUNDING = 2e-3  # a few snake outputs round to the neighbouring bf16 value
 
@@ -85,17 +87,26 @@ def test_bf16_conv_is_the_conv_of_the_rounded_operands(cout, cin, k, d, t):
     assert rel(y4, F.conv1d(bf(F.pad(x, (hist.shape[1], 0)))[None], bf(w), b, dilation=d)[0]) < SUM_ORDER
 
 
-@HARDWARE
-def test_bf16_conv_streams_bit_for_bit():
+@pytest.mark.parametrize("kind", [pytest.param(conv.Bf16Conv, marks=HARDWARE, id="bf16"),
+                                  pytest.param(conv.Int8Conv, marks=INT8, id="int8")])
+def test_conv_streams_and_shares_calls_bit_for_bit(kind):
+    """A stream cut into chunks is one whole call bit for bit (int8 too: each input sample has its own
+    scale), and streams in one call are each alone bit for bit (one joining mid-way from no history)."""
     w, b, _, x = conv_case(192, 96, 7, 9, 700)
     s = snake_of(96, 3)
-    c = conv.Bf16Conv(w, b, 9)
+    c = kind(w, b, 9)
     whole, whole_hist = c(x, None, s)
     outs, hist = [], None
     for a, e in [(0, 1), (1, 33), (33, 40), (40, 300), (300, 700)]:
         y, hist = c(x[:, a:e], hist, s)
         outs.append(y)
     assert torch.equal(torch.cat(outs, 1), whole) and torch.equal(hist, whole_hist)
+    xs = [x[:, :40], x[:, 40:300], torch.randn(96, 5, generator=gen(1))]
+    hs = [None, c(x[:, :40], None, s)[1], None]
+    ys, news = c.many(xs, hs, s)
+    for got, new, xi, hi in zip(ys, news, xs, hs):
+        alone, alone_hist = c(xi, hi, s)
+        assert torch.equal(got, alone) and torch.equal(new, alone_hist)
 
 
 @HARDWARE
@@ -366,8 +377,6 @@ def test_an_installed_package_carries_every_kernel_source():
 
 # --- int8 convolutions (``Int8Conv``, ``Int8TransConv``) and the int8 decoder ------------------------
 
-INT8 = pytest.mark.skipif(not conv.int8_available(), reason="this CPU multiplies int8 in neither AVX-512 VNNI nor "
-                          "ARM's dot product: the int8 decoder is refused here, its loop being the plain-C reference")
 INT8_CONV_SNR = 38.0  # dB over the fp32 conv: weights rounded per channel, inputs per sample (about 42 measured)
 
 
@@ -408,27 +417,6 @@ def test_int8_conv_is_its_rounded_arithmetic_and_close_to_fp32(cout, cin, k, d, 
     s = snake_of(cin, 2)
     y, _ = c(x, hist, s)
     assert snr_db(y, F.conv1d(torch.cat([hist, snake(x, s)], 1)[None], w, b, dilation=d)[0]) > INT8_CONV_SNR
-
-
-@INT8
-def test_int8_conv_streams_and_shares_calls_bit_for_bit():
-    """Each input sample has its own scale, so a stream cut into chunks is one whole call bit for bit,
-    and streams in one call are each alone bit for bit (one joining mid-way from no history)."""
-    w, b, _, x = conv_case(192, 96, 7, 9, 700, seed=8)
-    s = snake_of(96, 3)
-    c = conv.Int8Conv(w, b, 9)
-    whole, whole_hist = c(x, None, s)
-    outs, hist = [], None
-    for a, e in [(0, 1), (1, 33), (33, 40), (40, 300), (300, 700)]:
-        y, hist = c(x[:, a:e], hist, s)
-        outs.append(y)
-    assert torch.equal(torch.cat(outs, 1), whole) and torch.equal(hist, whole_hist)
-    xs = [x[:, :40], x[:, 40:300], torch.randn(96, 5, generator=gen(1))]
-    hs = [None, c(x[:, :40], None, s)[1], None]
-    ys, news = c.many(xs, hs, s)
-    for got, new, xi, hi in zip(ys, news, xs, hs):
-        alone, alone_hist = c(xi, hi, s)
-        assert torch.equal(got, alone) and torch.equal(new, alone_hist)
 
 
 @INT8

@@ -272,6 +272,18 @@ uint16_t* conv_packed(int64_t elems) {
     return packed.data();
 }
 
+// f(co0, chunk, part) for each work item of c (32 output channels from co0, by one chunk of one
+// part), the items split across the team (a worksharing loop: call it in a parallel region).
+template <class F>
+void for_items(const ConvPlan& c, F&& f) {
+    const int64_t n_chunks = c.chunks.size(), items = c.cout / 32 * n_chunks;
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < items; ++item) {
+        const ConvPlan::Chunk& ch = c.chunks[item % n_chunks];
+        f(item / n_chunks * 32, ch, c.seg[ch.s]);
+    }
+}
+
 // One thread's share of a bf16 conv, inside a parallel region of every thread: its pairs of
 // input rows packed (every part), then (after the barrier that ends that loop) its work items of
 // 32 output channels by one chunk of one part, each tile pair's sums finished with bias and
@@ -289,12 +301,7 @@ void conv_share(const ConvPlan& c, uint16_t* xp) {
     const TileScope tiles;  // AMX: this thread's tile configuration, released at the end
     (void)tiles;
     alignas(64) float acc[32 * 32];
-    const int64_t n_chunks = c.chunks.size(), items = c.cout / 32 * n_chunks;
-#pragma omp for schedule(static)
-    for (int64_t item = 0; item < items; ++item) {
-        const int64_t co0 = item / n_chunks * 32;
-        const ConvPlan::Chunk& ch = c.chunks[item % n_chunks];
-        const VoSeg& s = c.seg[ch.s];
+    for_items(c, [&](int64_t co0, const ConvPlan::Chunk& ch, const VoSeg& s) {
         for (int64_t t0 = ch.t0; t0 < ch.t1; t0 += T_PAIR) {
             const int64_t n = std::min<int64_t>(T_PAIR, ch.t1 - t0);
             conv_tiles(c.wp + co0 / 16 * kb_n * 512, kb_n, xp + c.off[ch.s] * 2, row, cb_n, c.k, c.d, t0, n, acc);
@@ -311,7 +318,7 @@ void conv_share(const ConvPlan& c, uint16_t* xp) {
                 }
             }
         }
-    }
+    });
 }
 
 // --- int8 causal convolutions ------------------------------------------------------------
@@ -423,12 +430,7 @@ void conv_i8_share(const ConvPlan& c, const int8_t* wq, const float* sw, const i
     }
     alignas(64) int32_t acc[32 * 32];
     alignas(64) float sum[32 * 32];
-    const int64_t n_chunks = c.chunks.size(), items = c.cout / 32 * n_chunks;
-#pragma omp for schedule(static)
-    for (int64_t item = 0; item < items; ++item) {
-        const int64_t co0 = item / n_chunks * 32;
-        const ConvPlan::Chunk& ch = c.chunks[item % n_chunks];
-        const VoSeg& s = c.seg[ch.s];
+    for_items(c, [&](int64_t co0, const ConvPlan::Chunk& ch, const VoSeg& s) {
         const uint8_t* xs = xp + c.off[ch.s] * 4;
         const float* ss = sx + c.off[ch.s];
         for (int64_t t0 = ch.t0; t0 < ch.t1; t0 += T_PAIR) {
@@ -450,7 +452,7 @@ void conv_i8_share(const ConvPlan& c, const int8_t* wq, const float* sw, const i
                 for (int64_t t = 0; t < n; ++t) yr[t] = b + scale * sum[r * 32 + t] + (rr ? rr[t] : 0.0f);
             }
         }
-    }
+    });
 }
 
 // How a conv's products are made, for run_conv and run_tconv: prepare (the calling thread's
