@@ -241,9 +241,13 @@ def test_auto_picks_bf16_then_int8_then_fp32_by_what_the_cpu_multiplies(monkeypa
 def test_the_int8_decoder_is_refused_where_its_loop_would_be_plain_c(speech, monkeypatch):
     from vllm_omni.cpu import conv
 
+    from vllm_omni.tts.pipeline import decoder_precision
+
     monkeypatch.setattr(conv, "int8_available", lambda variant="native": False)
     with pytest.raises(ValueError, match="the int8 decoder needs a CPU that multiplies int8 in SIMD .AVX-512 VNNI"):
         StreamingDecoder(speech.ckpt.decoder, speech.ckpt.config.decoder, "int8")
+    with pytest.raises(ValueError, match="the int8 decoder needs"):  # the command says so before reading weights
+        decoder_precision("int8", "int4")
 
 
 def test_decoder_refuses_bad_codes(speech):

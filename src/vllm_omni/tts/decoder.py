@@ -84,6 +84,10 @@ def _bf16_native(lib, c_out: int, c_in: int) -> bool:
     return lib is not None and conv_native.available() and conv_native.fits(c_out, c_in)
 
 
+INT8_REFUSED = ("the int8 decoder needs a CPU that multiplies int8 in SIMD (AVX-512 VNNI, or ARM's dot product), or "
+                "its convs would run in plain C: this one has neither; use fp32 or bf16")
+
+
 def int8_helps() -> bool:
     """Whether the native int8 convolutions run a SIMD loop here (AVX-512 VNNI, ARM's dot product):
     elsewhere their loop is the plain-C reference and the int8 decoder is refused."""
@@ -371,9 +375,8 @@ class StreamingDecoder:
     def __init__(self, weights: dict[str, Tensor], dc: DecoderConfig, precision: str = "fp32"):
         if precision not in DECODER_PRECISIONS:
             raise ValueError(f"decoder precision must be one of {', '.join(DECODER_PRECISIONS)}, got {precision!r}")
-        if precision == "int8" and not conv_native.int8_available():
-            raise ValueError("the int8 decoder needs a CPU that multiplies int8 in SIMD (AVX-512 VNNI, or ARM's dot "
-                             "product), or its convs would run in plain C: this one has neither; use fp32 or bf16")
+        if precision == "int8" and not int8_helps():
+            raise ValueError(INT8_REFUSED)
         self.precision = precision
         # int8 reaches the four DecoderBlocks (their transposed convs and ResidualUnits: 95 % of the work);
         # the stages before them run as bf16 where the CPU multiplies bf16 natively, else as fp32

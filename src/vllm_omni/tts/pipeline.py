@@ -78,10 +78,12 @@ def decoder_precision(choice: str, weights: str) -> str:
     (``weight_choice.quantized``): bf16 on a CPU that multiplies bf16 natively (``decoder.bf16_helps``),
     else int8 on one that multiplies int8 in SIMD (``decoder.int8_helps``: AVX-512 VNNI, ARM's dot
     product), else fp32. fp32 weights keep the fp32 decoder, whose output equals the official decode."""
-    from vllm_omni.tts.decoder import bf16_helps, int8_helps
+    from vllm_omni.tts.decoder import INT8_REFUSED, bf16_helps, int8_helps
 
     if choice not in DECODER_CHOICES:
         raise ValueError(f"decoder must be one of {', '.join(DECODER_CHOICES)}, got {choice!r}")
+    if choice == "int8" and not int8_helps():  # said before any weights are read
+        raise ValueError(INT8_REFUSED)
     if choice != "auto":
         return choice
     if not quantized(weights):
