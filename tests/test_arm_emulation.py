@@ -131,10 +131,14 @@ def test_a_cut_case_file_is_an_error_naming_the_binary_and_the_core(arm):
 
 
 def test_each_target_runs_the_loops_meant_for_it():
-    assert cross.isa(cross.build("armv8-a"), "cortex-a53") == "generic C"
-    for target in ("armv8.2-a+dotprod", "armv8.6-a+i8mm+bf16"):
+    """The GEMVs' loops, and the decoder's int8 conv: plain C on Armv8.0, SDOT with the dot product,
+    SMMLA with i8mm."""
+    a53 = cross.build("armv8-a")
+    assert (cross.isa(a53, "cortex-a53"), cross.int8_conv_path(a53, "cortex-a53")) == ("generic C", "plain C")
+    for target, conv_loop in (("armv8.2-a+dotprod", "NEON dot product"), ("armv8.6-a+i8mm+bf16", "NEON i8mm")):
         cpu = cross.TARGETS[target][1][0]
         assert cross.isa(cross.build(target), cpu) == "NEON dot product"
+        assert cross.int8_conv_path(cross.build(target), cpu) == conv_loop
 
 
 def test_a_core_without_the_dot_product_stops_at_the_first_sdot():

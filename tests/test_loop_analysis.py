@@ -41,11 +41,12 @@ reason = L.tools_missing()
 
 
 @pytest.mark.skipif(reason is not None, reason=reason or "")
-@pytest.mark.parametrize("build", [L.X86_BUILDS["AVX-512 VNNI"], L.X86_BUILDS["generic C"], L.ARM_CORES["neoverse-n1"]],
-                         ids=lambda b: b.name)
+@pytest.mark.parametrize("build", [L.X86_BUILDS["AVX-512 VNNI"], L.X86_BUILDS["generic C"], L.ARM_CORES["neoverse-n1"],
+                                   L.ARM_CORES["neoverse-v1"]], ids=lambda b: b.name)
 def test_every_marked_loop_is_found_and_modelled(build):
     regions = L.analyse(build)
-    expected = {"generic C": {"q4_row", "q8_row"}, "AVX-512 VNNI": {"q4_group", "q8_group", "i8_conv_vnni"}}.get(
+    expected = {"generic C": {"q4_row", "q8_row"}, "AVX-512 VNNI": {"q4_group", "q8_group", "i8_conv_vnni"},
+                "Neoverse-V1": {"q4_group", "q8_group", "i8_conv_i8mm"}}.get(  # V1 has i8mm: SMMLA
         build.name, {"q4_group", "q8_group", "i8_conv_sdot"})
     assert set(regions) == expected
     for name, r in regions.items():

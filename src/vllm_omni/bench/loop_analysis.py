@@ -37,7 +37,7 @@ GEMV_ARTIFACTS = {  # this host's build -> the measured loops (gemv --sets 'in L
 DECODER_ARTIFACT = "end-to-end/decoder-split-0.6b-zen4"  # the decoder's multiply-adds per frame
 INT8_DECODER_ARTIFACT = "end-to-end/decoder-split-0.6b-f6m167"  # this host's int8 decoder, stage by stage
 CONV_LOOPS = {"AVX-512 VNNI": "i8_conv_vnni", "cortex-a76": "i8_conv_sdot", "neoverse-n1": "i8_conv_sdot",
-              "neoverse-v1": "i8_conv_sdot"}
+              "neoverse-v1": "i8_conv_i8mm"}  # V1 has i8mm: its build runs SMMLA
 FRAME_MS = 80.0
 
 # Boards: (name, llvm-mca model of its cores, cores, GHz, memory bandwidth GB/s, source). The Cortex-A76

@@ -32,7 +32,7 @@ from torch import Tensor
 from vllm_omni.cpu import native
 
 PATHS = {0: "plain C", 1: "AVX-512 BF16", 2: "AMX", 3: "NEON BF16"}
-INT8_PATHS = {0: "plain C", 1: "AVX-512 VNNI", 4: "NEON dot product"}
+INT8_PATHS = {0: "plain C", 1: "AVX-512 VNNI", 4: "NEON dot product", 5: "NEON i8mm"}
 Snake = tuple[Tensor, Tensor]  # SnakeBeta's (exp(alpha), 1 / (exp(beta) + 1e-9)) per channel
 
 

@@ -74,8 +74,19 @@ def isa(binary: Path, cpu: str) -> str:
     """The instruction-set path ``binary`` was compiled with (``native.ISA_NAMES``), as it reports it."""
     from vllm_omni.cpu.native import ISA_NAMES
 
-    code = int(_run(binary, cpu, uniforms_case(0, 0, 1), 600)[1].split()[-1])
-    return ISA_NAMES[code]
+    return ISA_NAMES[_paths(binary, cpu)["isa"]]
+
+
+def int8_conv_path(binary: Path, cpu: str) -> str:
+    """The loop of the decoder's int8 conv in ``binary`` (``conv.INT8_PATHS``), as it reports it."""
+    from vllm_omni.cpu.conv import INT8_PATHS
+
+    return INT8_PATHS[_paths(binary, cpu)["int8_conv"]]
+
+
+def _paths(binary: Path, cpu: str) -> dict[str, int]:
+    out = _run(binary, cpu, uniforms_case(0, 0, 1), 600)[1]
+    return {name: int(code) for name, code in (line.split() for line in out.splitlines() if line.strip())}
 
 
 def _run(binary: Path, cpu: str, case: bytes, timeout_s: float) -> tuple[np.ndarray, str]:

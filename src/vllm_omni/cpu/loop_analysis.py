@@ -38,8 +38,9 @@ from vllm_omni.cpu.native import CSRC, SOURCES
 # the plain C walks one row of a group at a time (16 + 2 and 32 bytes)
 REGION_BYTES = {"q4_group": 576, "q4_row": 18, "q8_group": 1024, "q8_row": 32}
 # multiply-adds one pass over a marked convolution region makes: 4 inputs (one byte quad) for 8
-# channels by 32 samples (AVX-512 VNNI), or for 4 channels by 16 samples (ARM's SDOT)
-REGION_MACS = {"i8_conv_vnni": 1024, "i8_conv_sdot": 256}
+# channels by 32 samples (AVX-512 VNNI), or for 4 channels by 16 samples (ARM's SDOT); 8 inputs
+# for 8 channels by 8 samples (ARM's SMMLA, i8mm)
+REGION_MACS = {"i8_conv_vnni": 1024, "i8_conv_sdot": 256, "i8_conv_i8mm": 512}
 MCA_CANDIDATES = ("llvm-mca-19", "llvm-mca")
 
 

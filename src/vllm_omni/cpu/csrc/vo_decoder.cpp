@@ -628,11 +628,13 @@ int32_t vo_conv_bf16(const uint16_t* wp, const float* bias, int64_t cout, int64_
     return run_conv(Bf16Product{wp}, ConvPlan(wp, bias, cout, cin, k, d, snake_a, snake_inv_b, segs, n), threads);
 }
 
-// Which loop the int8 convolutions run: 1 AVX-512 VNNI, 4 NEON dot product, 0 plain C (a
-// reference, slow).
+// Which loop the int8 convolutions run: 1 AVX-512 VNNI, 4 NEON dot product, 5 NEON int8 matrix
+// multiply (i8mm), 0 plain C (a reference, slow).
 int32_t vo_conv_i8_path() {
 #if defined(VO_AVX512_I8)
     return 1;
+#elif defined(VO_NEON_I8) && defined(__ARM_FEATURE_MATMUL_INT8)
+    return 5;
 #elif defined(VO_NEON_I8)
     return 4;
 #else

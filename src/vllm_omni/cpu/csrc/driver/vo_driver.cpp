@@ -16,7 +16,7 @@
 //               float hist[cin*(k-1)*d], float x[cin*T], float a[cin], float inv_b[cin]
 //               -> vo_conv_bf16's y[cout*T] (SnakeBeta first), then its new history[cin*(k-1)*d]
 //   5 int8 conv the fields of 4 -> vo_conv_i8's y[cout*T], then its new history
-// Every case runs with 2 threads. Exit status: 0, 2 for a bad case file, 3 when the kernel refused it.
+// Every case runs with 2 threads, and prints the loops it was built with ("isa N", "int8_conv N"). Exit status: 0, 2 for a bad case file, 3 when the kernel refused it.
 //
 // --serve reads requests, each a 32-bit verb then its fields (little-endian), and answers on stdout:
 //   0 quit
@@ -64,6 +64,7 @@ int32_t vo_conv_i8(const int8_t* wq, const float* scale, const int32_t* wsum, co
                    int64_t cin, int64_t k, int64_t d, const float* snake_a, const float* snake_inv_b, const VoSeg* segs,
                    int64_t n, int32_t threads);
 int32_t vo_isa();
+int32_t vo_conv_i8_path();
 struct VoStack;
 int32_t vo_stack_forward_rows(const VoStack* stp, const float* x, int32_t T, const int32_t* pos, void* const* kv,
                               float* out, const VoMat* head, float* logits, int32_t head_rows);
@@ -252,6 +253,6 @@ int main(int argc, char** argv) {
         return 2;
     }
     std::fclose(o);
-    std::printf("isa %d\n", vo_isa());
+    std::printf("isa %d\nint8_conv %d\n", vo_isa(), vo_conv_i8_path());
     return 0;
 }
