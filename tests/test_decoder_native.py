@@ -474,3 +474,29 @@ def test_the_int8_decoder_streams_bit_for_bit_within_its_bound_of_fp32(wide_deco
         outs, _ = dec.push_streams([codes[3:7], codes[:2]], [st, dec.fresh_state()])
         dec.reset()
         assert torch.equal(outs[0], later) and torch.equal(outs[1], dec.push(codes[:2]))
+
+
+NO_BF16 = pytest.mark.skipif("no-bf16" not in native.LOOP_VARIANT_FLAGS or not conv.int8_available("no-bf16"),
+                             reason="needs an x86 host with AVX-512 VNNI: its build without AMX and AVX-512 BF16 "
+                                    "stands in for a CPU that multiplies int8 but not bf16")
+
+
+@NO_BF16
+def test_without_bf16_the_int8_decoders_linears_are_int8_too(wide_decoder):
+    """On a CPU that multiplies int8 but not bf16 (this one's build without AMX and BF16 standing in), the
+    stages before the blocks keep fp32 convs, and the transformer's and ConvNeXt blocks' linears (weight-
+    bound) are int8 GEMVs at every row count. Within its bound of the fp32 decode; chunked, the fp32
+    convs' rounding moves with the call's length (PyTorch's), so a chunked decode is the whole one
+    within the int8's own noise, not bit for bit."""
+    ck = wide_decoder
+    codes = torch.randint(0, 2048, (12, 16), generator=gen(41))
+    ref = StreamingDecoder(ck.decoder, ck.config.decoder).decode(codes)
+    with native.standing_in("no-bf16"):
+        dec = StreamingDecoder(ck.decoder, ck.config.decoder, "int8")
+        assert dec.native_transformer is None and dec.layers[0]["down"].packed.fmt == "int8"
+        assert dec.upsample[0]["fc1"].packed.fmt == "int8" and dec.conv_in.native is None
+        whole = dec.decode(codes)
+        dec.reset()
+        cuts = [0, 1, 3, 4, 12]
+        chunked = torch.cat([dec.push(codes[a:e]) for a, e in zip(cuts, cuts[1:])])
+    assert 18 < snr_db(whole, ref) < 35 and snr_db(chunked, whole) > snr_db(whole, ref)

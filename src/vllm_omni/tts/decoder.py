@@ -108,8 +108,10 @@ NATIVE_ROWS = 16  # at most this many rows a call: the native GEMV (weight-bound
 
 
 class _Linear:
-    """``x [M, K] -> x @ W.T + b``: the native fp32 GEMV (each weight row read once for all M rows)
-    when M is small and the shape suits it, else PyTorch. Both are fp32; only summation order differs."""
+    """``x [M, K] -> x @ W.T + b``: the native GEMV (each weight row read once for all M rows) when M
+    is small and the shape suits it, else PyTorch. fp32 either way, where only summation order differs;
+    in int8 (``precision="int8"``) the GEMV's weights are int8 (``vllm_omni.cpu.quant``), a quarter of
+    the bytes of these weight-bound layers."""
 
     def __init__(self, w: Tensor, b: Tensor | None, lib=None, precision: str = "fp32"):
         self.w, self.b = w.contiguous(), None if b is None else b.contiguous()
@@ -121,10 +123,12 @@ class _Linear:
         self.lib, self.mat = None, None
         n, k = self.w.shape
         if self.native is None and lib is not None and k % 64 == 0 and k >= 64 and n % 32 == 0:
+            from vllm_omni.cpu.native import FMT_CODES
             from vllm_omni.cpu.predictor import vo_mat
             from vllm_omni.cpu.quant import quantize
 
-            self.packed = quantize(self.w, "fp32")
+            fmt = "int8" if precision == "int8" else "fp32"
+            self.packed, self.fmt = quantize(self.w, fmt), FMT_CODES[fmt]
             self.mat, self.lib = vo_mat(self.packed), lib
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -135,15 +139,20 @@ class _Linear:
             # fp32 GEMV's rate on more than a few rows; on fewer its conversions cost more than it saves
             y = F.linear(x.bfloat16(), self.w16).float()
             return y if self.b is None else y.add_(self.b)
-        if self.lib is None or m > NATIVE_ROWS:
+        # int8 weights take the GEMV at any row count, so that a row's result never depends on the call's
+        int8 = self.lib is not None and self.packed.fmt == "int8"
+        if self.lib is None or (m > NATIVE_ROWS and not int8):
             return F.linear(x, self.w, self.b)
         import ctypes
 
         x = x.contiguous()
         y = torch.empty(m, self.w.shape[0])
-        rc = self.lib.vo_linear(0, ctypes.byref(self.mat), x.data_ptr(), m, y.data_ptr(), torch.get_num_threads())
-        if rc != 0:
-            raise RuntimeError(f"vo_linear failed ({rc}) on [{m}, {self.w.shape[1]}] x {list(self.w.shape)}")
+        for r in range(0, m, NATIVE_ROWS):
+            n = min(NATIVE_ROWS, m - r)
+            rc = self.lib.vo_linear(self.fmt, ctypes.byref(self.mat), x[r:].data_ptr(), n, y[r:].data_ptr(),
+                                    torch.get_num_threads())
+            if rc != 0:
+                raise RuntimeError(f"vo_linear failed ({rc}) on [{n}, {self.w.shape[1]}] x {list(self.w.shape)}")
         return y if self.b is None else y + self.b
 
 
@@ -378,11 +387,13 @@ class StreamingDecoder:
         if precision == "int8" and not int8_helps():
             raise ValueError(INT8_REFUSED)
         self.precision = precision
-        # int8 reaches the four DecoderBlocks (their transposed convs and ResidualUnits: 95 % of the work);
-        # the stages before them run as bf16 where the CPU multiplies bf16 natively, else as fp32
-        units = precision
+        # int8 reaches the four DecoderBlocks (their transposed convs and ResidualUnits: 95 % of the work).
+        # The stages before them run as bf16 where the CPU multiplies bf16 natively; elsewhere their convs
+        # stay fp32, and the transformer's and ConvNeXt blocks' linears (weight-bound) are int8 GEMVs
+        units = linears = precision
         if precision == "int8":
             precision = "bf16" if conv_native.available() else "fp32"
+            linears = "bf16" if precision == "bf16" else "int8"
         self.stage_precision = precision
         self.dc, s = dc, dc.spec
         self.samples_per_frame = s.samples_per_frame
@@ -403,7 +414,7 @@ class StreamingDecoder:
         self.final_norm = w[f"{tr}.norm.weight"]
         self.native_transformer = _native_transformer(w, tr, dc, lib) if precision == "bf16" else None
         # the layers in PyTorch: the transformer where it is not native, its state (keys, values) either way
-        tl, tp = (None, "fp32") if self.native_transformer is not None else (lib, precision)
+        tl, tp = (None, "fp32") if self.native_transformer is not None else (lib, linears)
         self.in_proj = _Linear(w[f"{tr}.input_proj.weight"], w[f"{tr}.input_proj.bias"], tl, tp)
         self.out_proj = _Linear(w[f"{tr}.output_proj.weight"], w[f"{tr}.output_proj.bias"], tl, tp)
         self.layers = []
@@ -429,7 +440,7 @@ class StreamingDecoder:
             if precision == "bf16" and _bf16_native(lib, *fc1[0].shape) and _bf16_native(lib, *fc2[0].shape):
                 native = conv_native.Bf16ConvNeXt(w[f"{nx}.dwconv.conv.weight"], w[f"{nx}.dwconv.conv.bias"], norm,
                                                   CONVNEXT_EPS, fc1, fc2)
-            fl, fp = (None, "fp32") if native is not None else (lib, precision)
+            fl, fp = (None, "fp32") if native is not None else (lib, linears)
             self.upsample.append({
                 "tconv": _CausalTransConv(w, f"decoder.upsample.{i}.0", factor, lib, precision),
                 "dw": _CausalConv(w, f"{nx}.dwconv", groups=c), "norm": norm, "native": native,
