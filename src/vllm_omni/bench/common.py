@@ -135,6 +135,26 @@ def _artifact_file_name(text: str) -> str:
     return text
 
 
+def add_build(parser: argparse.ArgumentParser) -> None:
+    """``--build``: the native build a benchmark runs (``native.standing_in``), recorded as ``run.build``."""
+    parser.add_argument("--build", default="native",
+                        help="the native build the run uses: native (default), or no-amx / no-bf16, this CPU's build "
+                             "without AMX / without AMX and AVX-512 BF16 (the loops of CPUs that lack them)")
+
+
+def on_build(args: argparse.Namespace, run: Callable[[argparse.Namespace], int]) -> int:
+    """``run(args)`` with ``args.build`` standing in as the native build (``add_build``)."""
+    from vllm_omni.cpu import native
+
+    if args.build == "native":
+        return run(args)
+    if args.build not in native.LOOP_VARIANT_FLAGS:
+        raise BenchError(f"--build must be native or one of {', '.join(native.LOOP_VARIANT_FLAGS) or '(none here)'}, "
+                         f"got {args.build!r}")
+    with native.standing_in(args.build):
+        return run(args)
+
+
 def add_name(parser: argparse.ArgumentParser, folder: str, default: str) -> None:
     """--name: the artifact's file name under results/<folder>/, so that a run on another host,
     or a second run kept beside the first, does not replace the committed one. Checked as the

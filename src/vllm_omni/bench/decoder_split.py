@@ -22,8 +22,8 @@ import argparse
 import statistics
 import time
 
-from vllm_omni.bench.common import BenchError, add_name, add_output, folder_path, nonnegative_int, positive_int, \
-    thread_counts, write_measured
+from vllm_omni.bench.common import BenchError, add_build, add_name, add_output, folder_path, nonnegative_int, \
+    on_build, positive_int, thread_counts, write_measured
 
 CHUNK = 4  # frames a call, as the pipeline once it streams (pipeline.chunk_schedule)
 MATMUL = 2048
@@ -38,9 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=positive_int, default=None, help="timed utterances per setting (default 5; quick 1)")
     p.add_argument("--quick", action="store_true", help="a shallow checkpoint: for doctests only")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random checkpoint")
-    p.add_argument("--build", default="native",
-                   help="the native build the decoder runs: native (default), or no-amx / no-bf16, this CPU's build "
-                        "without AMX / without AMX and AVX-512 BF16 (the loops of CPUs that lack them)")
+    add_build(p)
     add_name(p, "end-to-end", "decoder-split-<model>")
     add_output(p)
     p.set_defaults(func=run, core_clock=True)
@@ -63,15 +61,7 @@ def matmul_gmacs(precision: str, repeats: int = 5) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_omni.cpu import native
-
-    if args.build != "native" and args.build not in native.LOOP_VARIANT_FLAGS:
-        raise BenchError(f"--build must be native or one of {', '.join(native.LOOP_VARIANT_FLAGS) or '(none here)'}, "
-                         f"got {args.build!r}")
-    if args.build == "native":
-        return _run(args)
-    with native.standing_in(args.build):
-        return _run(args)
+    return on_build(args, _run)
 
 
 def _run(args: argparse.Namespace) -> int:

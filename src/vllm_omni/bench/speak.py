@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from vllm_omni.bench.common import (
-    BenchError, add_name, add_output, folder_path, nonnegative_int, parse_list, positive_int, thread_counts,
-    write_measured,
+    BenchError, add_build, add_name, add_output, folder_path, nonnegative_int, on_build, parse_list, positive_int,
+    thread_counts, write_measured,
 )
 
 TEXT = "Hello! This short sentence is spoken on two CPU cores, one frame at a time."
@@ -65,6 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=positive_int, default=None, help="utterances per setting (default 3; --quick 1)")
     p.add_argument("--decoders", default="auto",
                    help="comma-separated decoder precisions, auto, fp32, bf16 or int8 (default auto: as speak picks)")
+    add_build(p)
     p.add_argument("--official", action="store_true",
                    help="also time the official qwen-tts (fp32) end to end and its decoder on the same checkpoint")
     p.add_argument("--quick", action="store_true", help="a shallow checkpoint and a few frames: for doctests only")
@@ -122,13 +123,14 @@ def _timeline_name(name: str | None) -> str | None:
     return "timeline-" + (name[len("speak-"):] if name.startswith("speak-") else name)
 
 
-def _bf16(r: dict, key: str) -> str:
-    """``key`` of a row in run, with "-bf16" where the row's decoder ran in bf16."""
-    return key + "-bf16" if r.get("decoder_precision") == "bf16" else key
+def _lossy(r: dict, key: str) -> str:
+    """``key`` of a row in run, with "-bf16" or "-int8" where the row's decoder ran in that precision."""
+    precision = r.get("decoder_precision", "fp32")
+    return key if precision == "fp32" else f"{key}-{precision}"
 
 
 def _key(r: dict) -> str:
-    return _bf16(r, f"{r['weights']}-t{r['threads']}-{r['mode']}")
+    return _lossy(r, f"{r['weights']}-t{r['threads']}-{r['mode']}")
 
 
 def _peak_gib() -> float:
@@ -195,21 +197,25 @@ def _ours(model_dir: Path, fmt: str, threads: int, modes: list[str], frames: int
     return rows
 
 
-def _decoder_alone(model_dir: Path, threads: int, frames: int, repeats: int) -> dict[str, float]:
+def _decoder_alone(model_dir: Path, threads: int, frames: int, repeats: int, build: str = "native") -> dict[str, float]:
     """Our decoder's ms per frame: one frame per call, four per call, and the whole utterance in one call, in
-    fp32 and (where the CPU multiplies bf16) bf16; and the bf16 decode's distance from the fp32 one (dB)."""
+    fp32, bf16 (where the CPU multiplies bf16, in the native build) and int8 (where it multiplies int8 in
+    SIMD); and each lossy decode's distance from the fp32 one (dB)."""
     import torch
 
+    from vllm_omni.cpu import conv
     from vllm_omni.tts.checkpoint import load_checkpoint
-    from vllm_omni.tts.decoder import StreamingDecoder, bf16_helps
+    from vllm_omni.tts.decoder import StreamingDecoder, bf16_helps, int8_helps
 
     torch.set_num_threads(threads)
     ck = load_checkpoint(model_dir)
     codes = torch.randint(0, 2048, (frames, 16), generator=torch.Generator().manual_seed(0))
     out, whole = {}, {}
-    for precision in ("fp32", "bf16") if bf16_helps() else ("fp32",):
+    bf16 = bf16_helps() and (build == "native" or conv.available())  # under another build, only a native bf16
+    precisions = ("fp32",) + (("bf16",) if bf16 else ()) + (("int8",) if int8_helps() else ())
+    for precision in precisions:
         dec = StreamingDecoder(ck.decoder, ck.config.decoder, precision)
-        suffix = "" if precision == "fp32" else ", bf16"
+        suffix = "" if precision == "fp32" else f", {precision}"
         for label, chunk in (("1 frame per call", 1), ("4 frames per call", 4), ("whole utterance", frames)):
             times = []
             dec.decode(codes[:4])
@@ -221,9 +227,9 @@ def _decoder_alone(model_dir: Path, threads: int, frames: int, repeats: int) -> 
                 times.append((time.perf_counter() - t0) * 1e3 / frames)
             out[label + suffix] = _median(times)
         whole[precision] = dec.decode(codes)
-    if "bf16" in whole:
-        err = (whole["bf16"] - whole["fp32"]).pow(2).mean()
-        out["bf16 SNR against fp32 (dB)"] = float(10 * torch.log10(whole["fp32"].pow(2).mean() / err))
+    for precision in precisions[1:]:
+        err = (whole[precision] - whole["fp32"]).pow(2).mean()
+        out[f"{precision} SNR against fp32 (dB)"] = float(10 * torch.log10(whole["fp32"].pow(2).mean() / err))
     return out
 
 
@@ -241,6 +247,10 @@ def _official(model_dir: Path, threads: int, modes: list[str], frames: int, repe
 
 
 def run(args: argparse.Namespace) -> int:
+    return on_build(args, _run)
+
+
+def _run(args: argparse.Namespace) -> int:
     import torch
 
     from vllm_omni.tts.config import load_config
@@ -267,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
         for t in counts:
             for decoder in dict.fromkeys(decoder_precision(d, fmt) for d in decoders):
                 rows += _ours(model_dir, fmt, t, modes, frames, repeats, decoder)
-    decoder = {t: _decoder_alone(model_dir, t, max(frames, 8), repeats) for t in counts}
+    decoder = {t: _decoder_alone(model_dir, t, max(frames, 8), repeats, args.build) for t in counts}
     official_runs = {}
     if args.official:
         for t in counts:
@@ -314,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
         speedup = None if ref is None or r["impl"] != "this project" else round(ref["rtf"] / r["rtf"], 2)
         who = "ours" if r["impl"] == "this project" else "official"
         dec = r.get("decoder_precision", "fp32")
-        label = f"{who} {r['weights']} t{r['threads']} {r['mode']}" + (" bf16 decoder" if dec == "bf16" else "")
+        label = f"{who} {r['weights']} t{r['threads']} {r['mode']}" + (f" {dec} decoder" if dec != "fp32" else "")
         table.append([label, r["impl"], r["weights"], r["threads"], r["mode"], dec, r3(r["first_audio_ms"]), r3(r["prefill_ms"]),
                       r3(r.get("talker_ms")), r3(r.get("predictor_ms")), r3(r.get("sampler_ms")),
                       r3(r.get("decoder_ms")), r3(r.get("bookkeeping_ms")), r3(r["frame_ms"]), r3(r["rtf"]), speedup,
@@ -361,16 +371,16 @@ def run(args: argparse.Namespace) -> int:
             "first_audio_range_ms": {_key(r): [round(v, 1) for v in r["first_audio_range"]]
                                      for r in rows if "first_audio_range" in r},
             "rtf_range": {_key(r): [round(v, 3) for v in r["rtf_range"]] for r in rows if "rtf_range" in r},
-            "load_s": {r["impl"] + "-" + _bf16(r, f"{r['weights']}-t{r['threads']}"): round(r["load_s"], 2)
+            "load_s": {r["impl"] + "-" + _lossy(r, f"{r['weights']}-t{r['threads']}"): round(r["load_s"], 2)
                        for r in rows},
-            "cached_load_s": {_bf16(r, f"{r['weights']}-t{r['threads']}"): round(r["cached_load_s"], 2)
+            "cached_load_s": {_lossy(r, f"{r['weights']}-t{r['threads']}"): round(r["cached_load_s"], 2)
                               for r in rows if r.get("cached_load_s") is not None} or None,
             "decoder_ms_per_frame": {str(t): {k: round(v, 2) for k, v in d.items()} for t, d in decoder.items()},
             "official": {str(t): {"versions": res.get("versions"),
                                   "decode_only_ms_per_frame": round(_median(res["decode_only"]["seconds"]) * 1e3
                                                                     / res["decode_only"]["frames"], 2)}
                          for t, res in official_runs.items()} or None,
-            "talker_layers": spec.talker.layers, "torch_threads": torch.get_num_threads(),
+            "talker_layers": spec.talker.layers, "torch_threads": torch.get_num_threads(), "build": args.build,
         },
         notes=("Random weights of the published shapes stand in for the checkpoint: speed does not depend on the "
                "values, voice quality cannot be judged from them. Each row: the medians over the repeats of one "
