@@ -24,8 +24,8 @@ PyTorch's bf16. bf16 is about 37 dB signal over difference from the fp32 decode 
 of the published shapes (``vllm-omni-bench speak`` records it). ``precision="int8"``, for CPUs that
 multiply int8 but not bf16 (AVX-512 VNNI, ARM's dot product), runs the four DecoderBlocks' convs
 with int8 products (``conv.Int8Conv``, ``conv.Int8TransConv``), the stages before them as bf16 where
-native, else fp32: about 25 dB from the fp32 decode on random weights (``vllm-omni-bench
-decoder-split`` records it). ``push_streams`` decodes several streams in one pass of those calls,
+native, else with fp32 convs and int8 linears: about 25 dB from the fp32 decode on random weights
+(``vllm-omni-bench decoder-split`` records it). ``push_streams`` decodes several streams in one pass of those calls,
 each with its own state.
 
 ``push`` takes any number of frames, so a caller chooses its chunking (one frame for the first
@@ -394,7 +394,6 @@ class StreamingDecoder:
         if precision == "int8":
             precision = "bf16" if conv_native.available() else "fp32"
             linears = "bf16" if precision == "bf16" else "int8"
-        self.stage_precision = precision
         self.dc, s = dc, dc.spec
         self.samples_per_frame = s.samples_per_frame
         lib = _native()
