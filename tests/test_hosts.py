@@ -58,6 +58,15 @@ def test_speech_takes_the_decoder_speak_picks():
     assert zen4["speech RTF"] == rtf["ours int4 t2 streaming bf16 decoder"] != rtf["ours int4 t2 streaming"]
 
 
+def test_a_run_on_another_build_is_not_its_hosts():
+    """``speak --build no-bf16`` runs this Xeon as a CPU without AMX and BF16: not the Xeon's own speed."""
+    arts = load_all()
+    other = [i for i, a in arts.items() if (a.provenance.get("run") or {}).get("build", "native") != "native"]
+    assert "end-to-end/speak-0.6b-f6m167-no-bf16" in other
+    listed = ", ".join(r["artifacts"] for r in _by_host().values())
+    assert not any(i in listed.split(", ") for i in other)
+
+
 def test_a_new_run_joins_its_hosts_row(tmp_path):
     root = copy_results(tmp_path)
     shutil.copy(root / "cpu-path/frame-fused-int4-t2-zen1.json", root / "cpu-path/frame-fused-int4-t2-zen1-run9.json")

@@ -61,6 +61,8 @@ def _measures(art_id: str, art: Artifact) -> tuple[str, float | tuple[float, flo
     """What one artifact adds to its host's row: ("frame", ms), ("llama", ratio) or ("speech", (RTF, ms))."""
     prov = art.provenance
     source = prov.get("source", "")
+    if (prov.get("run") or {}).get("build", "native") != "native":  # the host running another CPU's loops
+        return None
     if source == "vllm-omni-bench frame (fused)" and prov.get("model") == MODEL \
             and prov.get("quantization") == "int4" and prov.get("threads") == 2:
         total = _one(art, "component", "total", "median")
@@ -143,7 +145,8 @@ def build(root: str | Path | None = None) -> dict[str, Any]:
             "and engines); median, smallest and largest over runs. Speech RTF and first audio: the 0.6B "
             "CustomVoice model end to end (vllm-omni-bench speak), int4 weights, 2 threads, streaming text, "
             "with the decoder speak picks on that host (bf16 where the CPU multiplies it); medians over "
-            "speech runs. Empty where a host has no such run. Artifacts: every source of the row."
+            "speech runs. Empty where a host has no such run. Runs on another build of the kernels (run.build, the "
+            "loops of a CPU the host is not) are left out. Artifacts: every source of the row."
         ),
         "compare": {"tolerance": 1e-9, "key_columns": ["host"], "columns": ["frame runs", "int4 frame"]},
     }
