@@ -125,6 +125,11 @@ class _NativeConv:
         self.lib = native.load(variant)
         self.bias = None if bias is None else bias.float().contiguous()
 
+    def _check_fits(self, precision: str) -> None:
+        if not fits(self.c_out, self.c_in):
+            raise ValueError(f"the native {precision} conv takes channel counts in multiples of 32, got "
+                             f"{self.c_out} out, {self.c_in} in")
+
     def __call__(self, x: Tensor, hist: Tensor | None, snake: Snake | None = None,
                  residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(y [C_out, T], the next history) from x [C_in, T] and this conv's history (None: zeros);
@@ -161,9 +166,7 @@ class Bf16Conv(_NativeConv):
     def __init__(self, weight: Tensor, bias: Tensor | None, dilation: int = 1, threads: int | None = None,
                  variant: str = "native"):
         super().__init__(weight, bias, dilation, threads, variant)
-        if not fits(self.c_out, self.c_in):
-            raise ValueError(f"the native bf16 conv takes channel counts in multiples of 32, got "
-                             f"{self.c_out} out, {self.c_in} in")
+        self._check_fits("bf16")
         self.packed = torch.empty(weight.numel(), dtype=torch.int16)
         rc = self.lib.vo_conv_pack_bf16(weight.float().contiguous().data_ptr(), self.c_out, self.c_in, self.k,
                                         self.packed.data_ptr())
@@ -181,9 +184,7 @@ class Int8Conv(_NativeConv):
     def __init__(self, weight: Tensor, bias: Tensor | None, dilation: int = 1, threads: int | None = None,
                  variant: str = "native"):
         super().__init__(weight, bias, dilation, threads, variant)
-        if not fits(self.c_out, self.c_in):
-            raise ValueError(f"the native int8 conv takes channel counts in multiples of 32, got "
-                             f"{self.c_out} out, {self.c_in} in")
+        self._check_fits("int8")
         self.packed = torch.empty(weight.numel(), dtype=torch.int8)
         self.scale = torch.empty(self.c_out)
         self.wsum = torch.empty(self.c_out * self.k, dtype=torch.int32)

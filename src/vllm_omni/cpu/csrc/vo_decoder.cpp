@@ -165,31 +165,34 @@ bool conv_ready() {
 #endif
 }
 
-// Samples [s0, s0 + n) of rows [2 cp, 2 cp + 1] of in = [hist | snake(x)] (hist: tail samples a
-// row, null: zeros; x: rows of x_stride floats) into one pair of the packed input at out (fill
-// samples, zeros after n); with new_hist, the last tail samples of those rows (where s0 + n is
-// the end of in).
+// Samples [s0, s0 + n) of row c of in = [hist | snake(x)] (hist: tail samples a row, null: zeros;
+// x: rows of x_stride floats) into out; with new_hist, the row's last tail samples (where s0 + n
+// is the end of in). What the bf16 and int8 convs pack their inputs from.
+void input_row(int64_t c, const float* hist, const float* x, int64_t x_stride, int64_t tail, int64_t s0, int64_t n,
+               const float* snake_a, const float* snake_inv_b, float* new_hist, float* out) {
+    int64_t i = 0;
+    for (; i < n && s0 + i < tail; ++i) out[i] = hist != nullptr ? hist[c * tail + s0 + i] : 0.0f;
+    const float* xr = x + c * x_stride + (s0 + i - tail);
+    float* s = out + i;
+    const int64_t m = n - i;
+    if (snake_a != nullptr) {
+        const float ac = snake_a[c], bc = snake_inv_b[c];
+#pragma omp simd
+        for (int64_t t = 0; t < m; ++t) s[t] = xr[t] + bc * sin2_reduced(ac * xr[t]);
+    } else if (m > 0) {
+        std::memcpy(s, xr, m * sizeof(float));
+    }
+    if (new_hist != nullptr)
+        for (int64_t j = 0; j < tail; ++j) new_hist[c * tail + j] = out[n - tail + j];
+}
+
+// input_row's samples of rows [2 cp, 2 cp + 1] into one pair of the packed input at out (fill
+// samples, zeros after n).
 void pack_pair(int64_t cp, const float* hist, const float* x, int64_t x_stride, int64_t tail, int64_t s0, int64_t n,
                int64_t fill, const float* snake_a, const float* snake_inv_b, float* new_hist, uint16_t* out,
                float* buf) {
-    for (int p = 0; p < 2; ++p) {
-        const int64_t c = 2 * cp + p;
-        float* in = buf + p * n;
-        int64_t i = 0;
-        for (; i < n && s0 + i < tail; ++i) in[i] = hist != nullptr ? hist[c * tail + s0 + i] : 0.0f;
-        const float* xr = x + c * x_stride + (s0 + i - tail);
-        float* s = in + i;
-        const int64_t m = n - i;
-        if (snake_a != nullptr) {
-            const float ac = snake_a[c], bc = snake_inv_b[c];
-#pragma omp simd
-            for (int64_t t = 0; t < m; ++t) s[t] = xr[t] + bc * sin2_reduced(ac * xr[t]);
-        } else if (m > 0) {
-            std::memcpy(s, xr, m * sizeof(float));
-        }
-        if (new_hist != nullptr)
-            for (int64_t j = 0; j < tail; ++j) new_hist[c * tail + j] = in[n - tail + j];
-    }
+    for (int p = 0; p < 2; ++p)
+        input_row(2 * cp + p, hist, x, x_stride, tail, s0, n, snake_a, snake_inv_b, new_hist, buf + p * n);
     interleave_bf16(buf, buf + n, n, out);
     std::memset(out + 2 * n, 0, (fill - n) * 2 * sizeof(uint16_t));
 }
@@ -372,30 +375,6 @@ inline void conv_i8_tap(const int8_t* w0, int64_t kb_n, const uint8_t* xp, int64
 
 namespace {
 
-// Rows [4 cq, 4 cq + 4) of in = [hist | snake(x)], samples [0, tail + T), into f (rows f_stride
-// floats apart), then zeros to fill samples; new_hist as pack_pair keeps it for bf16.
-void snake_quad(int64_t cq, const VoSeg& s, int64_t tail, int64_t fill, const float* snake_a, const float* snake_inv_b,
-                float* f, int64_t f_stride) {
-    const int64_t n = tail + s.T;
-    for (int p = 0; p < 4; ++p) {
-        const int64_t c = 4 * cq + p;
-        float* in = f + p * f_stride;
-        for (int64_t i = 0; i < tail; ++i) in[i] = s.hist != nullptr ? s.hist[c * tail + i] : 0.0f;
-        const float* xr = s.x + c * s.x_stride;
-        float* out = in + tail;
-        if (snake_a != nullptr) {
-            const float ac = snake_a[c], bc = snake_inv_b[c];
-#pragma omp simd
-            for (int64_t t = 0; t < s.T; ++t) out[t] = xr[t] + bc * sin2_reduced(ac * xr[t]);
-        } else if (s.T > 0) {
-            std::memcpy(out, xr, s.T * sizeof(float));
-        }
-        std::fill(in + n, in + fill, 0.0f);
-        if (s.new_hist != nullptr)
-            for (int64_t j = 0; j < tail; ++j) s.new_hist[c * tail + j] = in[n - tail + j];
-    }
-}
-
 // One thread's share of an int8 conv, inside a parallel region of every thread: the input through
 // SnakeBeta into f [C_in][row] (its quads of channels), then its samples' scales and bytes (by
 // blocks of samples), then its work items as conv_share's, each tap's sums scaled into y.
@@ -404,9 +383,14 @@ void conv_i8_share(const ConvPlan& c, const int8_t* wq, const float* sw, const i
     const int64_t tail = c.tail(), row = c.row, cb_n = c.cin / 32, kb_n = c.k * cb_n;
 #pragma omp for schedule(static)
     for (int64_t cq = 0; cq < c.cin / 4; ++cq)
-        for (size_t i = 0; i < c.seg.size(); ++i)
-            snake_quad(cq, c.seg[i], tail, tail + round_pairs(c.seg[i].T), c.snake_a, c.snake_inv_b,
-                       f + 4 * cq * row + c.off[i], row);
+        for (size_t i = 0; i < c.seg.size(); ++i) {
+            const VoSeg& s = c.seg[i];
+            for (int64_t ci = 4 * cq; ci < 4 * cq + 4; ++ci) {  // the whole row, then zeros to its tile pairs
+                float* in = f + ci * row + c.off[i];
+                input_row(ci, s.hist, s.x, s.x_stride, tail, 0, tail + s.T, c.snake_a, c.snake_inv_b, s.new_hist, in);
+                std::fill(in + tail + s.T, in + tail + round_pairs(s.T), 0.0f);
+            }
+        }
     constexpr int64_t BLOCK = 64;
 #pragma omp for schedule(static)
     for (int64_t b0 = 0; b0 < row; b0 += BLOCK) {
